@@ -1,0 +1,18 @@
+//! SeaORM table definitions for seawall.
+//!
+//! Only table shapes live here; behaviour belongs to `service`. The schema
+//! itself (indexes, constraints, their names) is created by `migration`, which
+//! is the contract the database enforces.
+//!
+//! # Layout
+//! - [`inbox_message`]: one row per (message, consumer) handled or claimed.
+//! - [`outbox_message`]: events waiting for, or done with, publication.
+//! - [`dead_letter`]: messages a consumer gave up on, with the reason.
+//! - [`account`], [`credit`]: the demo domain used by the example handler.
+
+pub mod account;
+pub mod credit;
+pub mod dead_letter;
+pub mod inbox_message;
+pub mod outbox_message;
+pub mod prelude;

@@ -1,0 +1,37 @@
+//! An event written in a business transaction, waiting to reach the broker.
+
+use sea_orm::entity::prelude::*;
+
+/// Rows are inserted in the handler's transaction and later published by the
+/// relay. `message_id` travels as `Nats-Msg-Id`, so a republished row is
+/// dropped by JetStream's duplicate window instead of reaching consumers twice.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "outbox_message")]
+pub struct Model {
+    #[sea_orm(primary_key)]
+    pub id: i64,
+    pub message_id: String,
+    pub subject: String,
+    pub payload: Vec<u8>,
+    /// Extra NATS headers as a JSON object of string to string.
+    pub headers: Json,
+    /// Rows sharing a key are published in commit order.
+    pub ordering_key: Option<String>,
+    pub created_at: DateTimeUtc,
+    /// Null until JetStream acknowledged the publish.
+    pub published_at: Option<DateTimeUtc>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    /// Earliest time the relay may try again (backoff after a failure).
+    pub next_attempt_at: DateTimeUtc,
+    /// Lease held by a relay instance while it publishes the row.
+    pub locked_by: Option<String>,
+    pub locked_until: Option<DateTimeUtc>,
+    /// Set when the attempt limit was reached; the row waits for a person.
+    pub dead_at: Option<DateTimeUtc>,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,35 @@
+//! Schema migrations for seawall.
+//!
+//! The schema is the contract that makes the inbox correct: the unique index
+//! `ix_inbox_message_id_consumer` decides which of two racing instances wins.
+//! Every index carries an explicit name so that duplicate classification (and
+//! operators reading an error) can tell which rule a write broke, on every
+//! backend.
+//!
+//! # Layout
+//! - [`Migrator`]: the ordered list of migrations; `Migrator::up` is idempotent.
+//! - `columns`: backend-aware column shapes shared by the migrations.
+
+pub use sea_orm_migration::prelude::*;
+
+mod columns;
+mod m20261130_000001_create_inbox_message;
+mod m20261130_000002_create_outbox_message;
+mod m20261130_000003_create_dead_letter;
+mod m20261130_000004_create_demo_domain;
+
+/// Applies seawall's migrations in order. Already applied ones are skipped,
+/// so running it at every start-up is safe.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![
+            Box::new(m20261130_000001_create_inbox_message::Migration),
+            Box::new(m20261130_000002_create_outbox_message::Migration),
+            Box::new(m20261130_000003_create_dead_letter::Migration),
+            Box::new(m20261130_000004_create_demo_domain::Migration),
+        ]
+    }
+}

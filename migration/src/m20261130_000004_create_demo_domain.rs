@@ -1,0 +1,92 @@
+//! The demo domain: accounts and the credits applied to them.
+
+use crate::columns::{MESSAGE_ID_LEN, NAME_LEN, bounded, utc};
+use sea_orm_migration::prelude::*;
+use sea_orm_migration::schema::{big_integer, big_pk_auto};
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+#[derive(DeriveIden)]
+enum Account {
+    Table,
+    AccountId,
+    Balance,
+    UpdatedAt,
+}
+
+#[derive(DeriveIden)]
+enum Credit {
+    Table,
+    Id,
+    MessageId,
+    AccountId,
+    Amount,
+    Reference,
+    CreatedAt,
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_database_backend();
+        manager
+            .create_table(
+                Table::create()
+                    .table(Account::Table)
+                    .if_not_exists()
+                    .col(bounded(Account::AccountId, NAME_LEN, false).primary_key())
+                    .col(big_integer(Account::Balance).default(0))
+                    .col(utc(db, Account::UpdatedAt, false))
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_table(
+                Table::create()
+                    .table(Credit::Table)
+                    .if_not_exists()
+                    .col(big_pk_auto(Credit::Id))
+                    .col(bounded(Credit::MessageId, MESSAGE_ID_LEN, false))
+                    .col(bounded(Credit::AccountId, NAME_LEN, false))
+                    .col(big_integer(Credit::Amount))
+                    .col(bounded(Credit::Reference, NAME_LEN, true))
+                    .col(utc(db, Credit::CreatedAt, false))
+                    .to_owned(),
+            )
+            .await?;
+        // The business key: a second credit with the same reference is a real
+        // error, never an inbox duplicate.
+        manager
+            .create_index(
+                Index::create()
+                    .name("ix_credit_reference")
+                    .table(Credit::Table)
+                    .col(Credit::Reference)
+                    .unique()
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await?;
+        // Not unique on purpose: the naive check-then-insert demo reads it.
+        manager
+            .create_index(
+                Index::create()
+                    .name("ix_credit_message_id")
+                    .table(Credit::Table)
+                    .col(Credit::MessageId)
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_table(Table::drop().table(Credit::Table).to_owned())
+            .await?;
+        manager
+            .drop_table(Table::drop().table(Account::Table).to_owned())
+            .await
+    }
+}

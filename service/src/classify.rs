@@ -1,0 +1,279 @@
+//! What a database error means for the inbox: duplicate, retry, or failure.
+//!
+//! Each backend reports a unique violation differently, and only a violation
+//! of the inbox index may be read as "already processed" (DESIGN rule 4).
+//! Reading every unique violation as a duplicate would silently drop messages
+//! whose business write broke a real constraint.
+
+use sea_orm::error::{ConnAcquireErr, RuntimeErr};
+use sea_orm::{DbErr, sqlx};
+
+/// Name of the unique index on (message_id, consumer).
+pub const INBOX_INDEX: &str = "ix_inbox_message_id_consumer";
+
+/// The column list SQLite prints when the inbox index rejects a row.
+const SQLITE_INBOX_COLUMNS: &str = "inbox_message.message_id, inbox_message.consumer";
+
+/// The backend-neutral facts of a database error, extracted once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// An error the database server or engine returned.
+    Database {
+        /// Which engine produced it.
+        backend: Engine,
+        /// PostgreSQL SQLSTATE, SQLite extended result code, or MySQL SQLSTATE.
+        code: Option<String>,
+        /// MySQL's numeric error (1062 for a duplicate key).
+        number: Option<u16>,
+        /// The constraint name, where the driver reports one (PostgreSQL).
+        constraint: Option<String>,
+        /// The engine's message text.
+        message: String,
+    },
+    /// The connection broke or could not be obtained: the unit may be re-run.
+    ConnectionLost(String),
+    /// Anything else (decode errors, bugs): not retried.
+    Other(String),
+}
+
+/// The database engines seawall classifies errors for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// PostgreSQL.
+    Postgres,
+    /// SQLite.
+    Sqlite,
+    /// MySQL or MariaDB.
+    MySql,
+}
+
+/// What a failed unit of work should lead to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failure {
+    /// The inbox index rejected the marker: the message was already handled.
+    InboxDuplicate,
+    /// Another unique constraint rejected a write; a real error.
+    UniqueViolation {
+        /// Index name, or the column list where the engine reports only that.
+        constraint: String,
+    },
+    /// Worth re-running the whole unit in a new transaction.
+    Transient {
+        /// Short label for logs and metrics (`serialization`, `deadlock`, `busy`...).
+        reason: &'static str,
+    },
+    /// Not retried.
+    Permanent,
+}
+
+/// Classifies a SeaORM error.
+pub fn classify(err: &DbErr) -> Failure {
+    classify_shape(&shape_of(err))
+}
+
+/// Extracts the backend-neutral facts from a SeaORM error.
+pub fn shape_of(err: &DbErr) -> ErrorShape {
+    let runtime = match err {
+        DbErr::ConnectionAcquire(ConnAcquireErr::Timeout) => {
+            return ErrorShape::ConnectionLost("connection pool timed out".into());
+        }
+        DbErr::ConnectionAcquire(ConnAcquireErr::ConnectionClosed) => {
+            return ErrorShape::ConnectionLost("connection closed".into());
+        }
+        DbErr::Conn(r) | DbErr::Exec(r) | DbErr::Query(r) => r,
+        other => return ErrorShape::Other(other.to_string()),
+    };
+    let sqlx_err = match runtime {
+        RuntimeErr::SqlxError(e) => e.as_ref(),
+        other => return ErrorShape::Other(other.to_string()),
+    };
+    match sqlx_err {
+        sqlx::Error::Database(db) => database_shape(db.as_ref()),
+        sqlx::Error::Io(e) => ErrorShape::ConnectionLost(e.to_string()),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
+            ErrorShape::ConnectionLost(sqlx_err.to_string())
+        }
+        sqlx::Error::Protocol(p) => ErrorShape::ConnectionLost(p.clone()),
+        other => ErrorShape::Other(other.to_string()),
+    }
+}
+
+fn database_shape(db: &dyn sqlx::error::DatabaseError) -> ErrorShape {
+    let (backend, number) = if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        (Engine::MySql, Some(my.number()))
+    } else if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() {
+        (Engine::Postgres, None)
+    } else {
+        (Engine::Sqlite, None)
+    };
+    ErrorShape::Database {
+        backend,
+        code: db.code().map(|c| c.into_owned()),
+        number,
+        constraint: db.constraint().map(str::to_owned),
+        message: db.message().to_owned(),
+    }
+}
+
+/// Classifies extracted error facts. Pure, so it can be tested over every
+/// shape without a database.
+pub fn classify_shape(shape: &ErrorShape) -> Failure {
+    match shape {
+        ErrorShape::ConnectionLost(_) => Failure::Transient { reason: "connection" },
+        ErrorShape::Other(_) => Failure::Permanent,
+        ErrorShape::Database {
+            backend,
+            code,
+            number,
+            constraint,
+            message,
+        } => match backend {
+            Engine::Postgres => classify_postgres(code.as_deref(), constraint.as_deref()),
+            Engine::Sqlite => classify_sqlite(code.as_deref(), message),
+            Engine::MySql => classify_mysql(*number, message),
+        },
+    }
+}
+
+fn classify_postgres(code: Option<&str>, constraint: Option<&str>) -> Failure {
+    match code {
+        Some("23505") => match constraint {
+            Some(INBOX_INDEX) => Failure::InboxDuplicate,
+            Some(name) => Failure::UniqueViolation { constraint: name.to_owned() },
+            None => Failure::UniqueViolation { constraint: "unknown".into() },
+        },
+        Some("40001") => Failure::Transient { reason: "serialization" },
+        Some("40P01") => Failure::Transient { reason: "deadlock" },
+        Some("55P03") => Failure::Transient { reason: "lock_not_available" },
+        // Class 08: connection exceptions; 57P01..03: server shutting down or restarting.
+        Some(c) if c.starts_with("08") => Failure::Transient { reason: "connection" },
+        Some("57P01" | "57P02" | "57P03") => Failure::Transient { reason: "server_restart" },
+        _ => Failure::Permanent,
+    }
+}
+
+fn classify_sqlite(code: Option<&str>, message: &str) -> Failure {
+    let Some(code) = code.and_then(|c| c.parse::<i32>().ok()) else {
+        return Failure::Permanent;
+    };
+    match code {
+        // SQLITE_CONSTRAINT_UNIQUE (2067) and SQLITE_CONSTRAINT_PRIMARYKEY (1555):
+        // the message names the columns, not the index.
+        2067 | 1555 => {
+            let columns = message
+                .split_once("constraint failed: ")
+                .map_or(message, |(_, cols)| cols)
+                .trim();
+            if columns == SQLITE_INBOX_COLUMNS {
+                Failure::InboxDuplicate
+            } else {
+                Failure::UniqueViolation { constraint: columns.to_owned() }
+            }
+        }
+        c if c & 0xff == 5 => Failure::Transient { reason: "busy" },
+        c if c & 0xff == 6 => Failure::Transient { reason: "locked" },
+        _ => Failure::Permanent,
+    }
+}
+
+fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
+    match number {
+        // "Duplicate entry 'x-y' for key 'ix_inbox_message_id_consumer'" (MySQL 8
+        // prefixes the key with the table: 'inbox_message.ix_...').
+        Some(1062) => {
+            let key = message
+                .rsplit_once("for key ")
+                .map(|(_, k)| k.trim().trim_matches(|c| c == '\'' || c == '`'))
+                .unwrap_or("unknown");
+            let name = key.rsplit('.').next().unwrap_or(key);
+            if name == INBOX_INDEX {
+                Failure::InboxDuplicate
+            } else {
+                Failure::UniqueViolation { constraint: name.to_owned() }
+            }
+        }
+        Some(1213) => Failure::Transient { reason: "deadlock" },
+        Some(1205) => Failure::Transient { reason: "lock_wait_timeout" },
+        Some(2006 | 2013) => Failure::Transient { reason: "connection" },
+        _ => Failure::Permanent,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db(backend: Engine, code: &str, number: Option<u16>, constraint: Option<&str>, message: &str) -> ErrorShape {
+        ErrorShape::Database {
+            backend,
+            code: Some(code.into()),
+            number,
+            constraint: constraint.map(Into::into),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn postgres_inbox_violation_is_a_duplicate_and_others_are_not() {
+        let dup = db(Engine::Postgres, "23505", None, Some(INBOX_INDEX), "duplicate key");
+        assert_eq!(classify_shape(&dup), Failure::InboxDuplicate);
+        let other = db(Engine::Postgres, "23505", None, Some("ix_credit_reference"), "duplicate key");
+        assert_eq!(
+            classify_shape(&other),
+            Failure::UniqueViolation { constraint: "ix_credit_reference".into() }
+        );
+    }
+
+    #[test]
+    fn sqlite_is_classified_by_column_list() {
+        let dup = db(
+            Engine::Sqlite,
+            "2067",
+            None,
+            None,
+            "UNIQUE constraint failed: inbox_message.message_id, inbox_message.consumer",
+        );
+        assert_eq!(classify_shape(&dup), Failure::InboxDuplicate);
+        let other = db(Engine::Sqlite, "2067", None, None, "UNIQUE constraint failed: credit.reference");
+        assert_eq!(
+            classify_shape(&other),
+            Failure::UniqueViolation { constraint: "credit.reference".into() }
+        );
+        let busy = db(Engine::Sqlite, "517", None, None, "database is locked");
+        assert_eq!(classify_shape(&busy), Failure::Transient { reason: "busy" });
+    }
+
+    #[test]
+    fn mysql_is_classified_by_key_name() {
+        let dup = db(
+            Engine::MySql,
+            "23000",
+            Some(1062),
+            None,
+            "Duplicate entry 'a-credit' for key 'inbox_message.ix_inbox_message_id_consumer'",
+        );
+        assert_eq!(classify_shape(&dup), Failure::InboxDuplicate);
+        let mariadb = db(
+            Engine::MySql,
+            "23000",
+            Some(1062),
+            None,
+            "Duplicate entry 'r1' for key 'ix_credit_reference'",
+        );
+        assert_eq!(
+            classify_shape(&mariadb),
+            Failure::UniqueViolation { constraint: "ix_credit_reference".into() }
+        );
+    }
+
+    #[test]
+    fn serialization_failures_and_deadlocks_are_transient() {
+        for code in ["40001", "40P01"] {
+            let shape = db(Engine::Postgres, code, None, None, "");
+            assert!(matches!(classify_shape(&shape), Failure::Transient { .. }));
+        }
+        let check = db(Engine::Postgres, "23514", None, None, "check");
+        assert_eq!(classify_shape(&check), Failure::Permanent);
+    }
+}

@@ -1,0 +1,38 @@
+//! Opening a database the way the inbox needs it.
+
+use std::time::Duration;
+
+use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
+
+/// How long a SQLite writer waits for another's lock before `SQLITE_BUSY`.
+pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects to `url` (SQLite, PostgreSQL or MySQL).
+///
+/// SQLite is opened in WAL mode with a busy timeout so several connections,
+/// and several processes, can share one file: readers do not block the
+/// writer, and writers queue for the lock instead of failing at once. SeaORM
+/// would otherwise use a single SQLite connection.
+///
+/// # Errors
+/// The connection error.
+pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, DbErr> {
+    Database::connect(options(url, max_connections, SQLITE_BUSY_TIMEOUT)).await
+}
+
+/// Connection options for [`connect`], with the SQLite busy timeout given.
+pub fn options(url: &str, max_connections: u32, busy_timeout: Duration) -> ConnectOptions {
+    let mut opts = ConnectOptions::new(url.to_owned());
+    opts.max_connections(max_connections)
+        .min_connections(1)
+        .connect_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(30))
+        .sqlx_logging(false)
+        .map_sqlx_sqlite_opts(move |o| {
+            o.journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(busy_timeout)
+        });
+    opts
+}

@@ -1,0 +1,252 @@
+//! Runs a whole unit of work in a transaction, and runs it again on a
+//! transient failure.
+//!
+//! A failed transaction's state is never reused (DESIGN rule 7): every attempt
+//! begins a new transaction and calls the unit from the start. Because the
+//! executor owns begin and commit, units never open transactions themselves,
+//! so there is no nested strategy for a retry to fight with.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use rand::Rng;
+use sea_orm::{
+    AccessMode, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+use tokio::sync::Notify;
+
+use crate::classify::{Failure, classify};
+use crate::error::HandlerError;
+
+/// How often and how patiently a unit is re-run after transient errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in total, the first included. At least 1.
+    pub max_attempts: u32,
+    /// Backoff before the second attempt; doubles each time.
+    pub base_delay: Duration,
+    /// Upper bound for one backoff.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 8,
+            base_delay: Duration::from_millis(5),
+            max_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The pause before attempt `attempt + 1`: exponential with equal jitter,
+    /// so that contenders that failed together do not retry together.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self
+            .base_delay
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+            .min(self.max_delay);
+        let half = exp / 2;
+        let jitter_ms = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
+        half + Duration::from_millis(rand::rng().random_range(0..=jitter_ms))
+    }
+}
+
+/// A unit of work. It is called once per attempt, each time with a fresh
+/// transaction, so it must not keep state from an earlier attempt.
+pub trait Unit<T>: Send + Sync {
+    /// Runs the unit's statements on `txn`. The executor commits on `Ok`.
+    fn run<'a>(&'a self, txn: &'a DatabaseTransaction) -> BoxFuture<'a, Result<T, HandlerError>>;
+}
+
+impl<T, F> Unit<T> for F
+where
+    F: for<'a> Fn(&'a DatabaseTransaction) -> BoxFuture<'a, Result<T, HandlerError>> + Send + Sync,
+{
+    fn run<'a>(&'a self, txn: &'a DatabaseTransaction) -> BoxFuture<'a, Result<T, HandlerError>> {
+        self(txn)
+    }
+}
+
+/// Runs units of work against one database with a retry policy.
+#[derive(Debug, Clone)]
+pub struct Executor {
+    db: DatabaseConnection,
+    policy: RetryPolicy,
+    options: TransactionOptions,
+    committed: Option<Arc<Notify>>,
+}
+
+impl Executor {
+    /// An executor with the default policy. On SQLite transactions begin
+    /// `IMMEDIATE`, so the write lock is taken (waiting on the busy timeout) at
+    /// `BEGIN` instead of failing later on a read-to-write upgrade.
+    pub fn new(db: DatabaseConnection) -> Self {
+        let options = TransactionOptions {
+            isolation_level: None,
+            access_mode: None,
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+        };
+        Self {
+            db,
+            policy: RetryPolicy::default(),
+            options,
+            committed: None,
+        }
+    }
+
+    /// Replaces the retry policy.
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the isolation level (ignored by SQLite).
+    pub fn with_isolation(mut self, level: IsolationLevel) -> Self {
+        self.options.isolation_level = Some(level);
+        self
+    }
+
+    /// Sets the access mode (ignored by SQLite).
+    pub fn with_access_mode(mut self, mode: AccessMode) -> Self {
+        self.options.access_mode = Some(mode);
+        self
+    }
+
+    /// Sets how SQLite transactions begin. `Deferred` lets readers run in
+    /// parallel but may fail with `SQLITE_BUSY` on the first write, which the
+    /// executor then retries.
+    pub fn with_sqlite_mode(mut self, mode: SqliteTransactionMode) -> Self {
+        self.options.sqlite_transaction_mode = Some(mode);
+        self
+    }
+
+    /// Wakes `signal` after every successful commit, so an outbox relay in the
+    /// same process can publish right away instead of waiting for its poll.
+    pub fn with_commit_signal(mut self, signal: Arc<Notify>) -> Self {
+        self.committed = Some(signal);
+        self
+    }
+
+    /// The connection the executor runs on.
+    pub fn db(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    /// The backend of that connection.
+    pub fn backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+
+    /// Runs `unit` to commit, re-running it in a new transaction after a
+    /// transient error (serialization failure, deadlock, SQLite busy, lost
+    /// connection) until the policy's attempt limit.
+    ///
+    /// # Errors
+    /// The unit's own error, a non-transient database error, or the last
+    /// transient one once the attempts are used up. A panic in the unit is
+    /// caught and returned as [`HandlerError::Panicked`]; its transaction is
+    /// rolled back.
+    pub async fn run<T, U>(&self, unit: &U) -> Result<T, HandlerError>
+    where
+        U: Unit<T> + ?Sized,
+    {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.attempt(unit).await {
+                Ok(value) => {
+                    if let Some(signal) = &self.committed {
+                        signal.notify_one();
+                    }
+                    return Ok(value);
+                }
+                Err(HandlerError::Database(err)) => match classify(&err) {
+                    Failure::Transient { reason } if attempt < self.policy.max_attempts => {
+                        let pause = self.policy.backoff(attempt);
+                        tracing::debug!(attempt, reason, ?pause, error = %err, "transient database error; re-running the unit");
+                        tokio::time::sleep(pause).await;
+                    }
+                    Failure::Transient { reason } => {
+                        tracing::warn!(attempt, reason, error = %err, "transient database error; attempts used up");
+                        return Err(HandlerError::Database(err));
+                    }
+                    _ => return Err(HandlerError::Database(err)),
+                },
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    async fn attempt<T, U>(&self, unit: &U) -> Result<T, HandlerError>
+    where
+        U: Unit<T> + ?Sized,
+    {
+        let txn = self.db.begin_with_options(self.options).await?;
+        let outcome = AssertUnwindSafe(unit.run(&txn)).catch_unwind().await;
+        match outcome {
+            Ok(Ok(value)) => {
+                txn.commit().await?;
+                Ok(value)
+            }
+            Ok(Err(err)) => {
+                rollback(txn).await;
+                Err(err)
+            }
+            Err(panic) => {
+                rollback(txn).await;
+                Err(HandlerError::Panicked(panic_message(panic.as_ref())))
+            }
+        }
+    }
+}
+
+async fn rollback(txn: DatabaseTransaction) {
+    if let Err(err) = txn.rollback().await {
+        // The connection is gone or the transaction already aborted: nothing
+        // was committed either way, and the pool discards broken connections.
+        tracing::debug!(error = %err, "rollback failed");
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Turns a database error into a unit error; lets units use `?` on SeaORM calls.
+impl From<DbErr> for HandlerError {
+    fn from(err: DbErr) -> Self {
+        HandlerError::Database(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_stays_bounded() {
+        let policy = RetryPolicy {
+            max_attempts: 10,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(100),
+        };
+        for attempt in 1..40 {
+            let d = policy.backoff(attempt);
+            assert!(d <= policy.max_delay, "attempt {attempt}: {d:?}");
+        }
+        assert!(policy.backoff(1) >= Duration::from_millis(5));
+        assert!(policy.backoff(6) >= Duration::from_millis(50));
+    }
+}

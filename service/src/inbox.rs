@@ -1,0 +1,238 @@
+//! The transactional inbox: a message's effects commit exactly once per consumer.
+//!
+//! The marker row is inserted in the same transaction as the handler's
+//! business writes and outbox rows (DESIGN rule 3). When two instances race on
+//! one message, the unique index `ix_inbox_message_id_consumer` lets exactly one
+//! commit; the other gets a unique violation on that index and reports
+//! [`Outcome::Duplicate`] (rule 4). An existence check runs first as a cheap fast
+//! path for the common redelivery, but it never decides a race (rule 1).
+
+use chrono::Utc;
+use futures::future::BoxFuture;
+use sea_orm::{
+    ActiveValue::{NotSet, Set},
+    ColumnTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QuerySelect,
+};
+
+use entity::inbox_message;
+
+use crate::classify::{Failure, classify};
+use crate::envelope::{ConsumerName, Envelope};
+use crate::error::{HandlerError, InboxError};
+use crate::executor::{Executor, Unit};
+
+/// What happened to a message that did not fail. Both are terminal: ack it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// This call applied the message; the handler's value is returned.
+    Processed(T),
+    /// The message had already been applied for this consumer; nothing changed.
+    Duplicate,
+}
+
+/// A message handler: business writes on the given transaction.
+///
+/// It must use only `txn` for its writes (bulk statements included, DESIGN
+/// rule 6) and must not open transactions of its own. It may be called more
+/// than once for one message when a transient error forces a retry, each time
+/// with a fresh transaction.
+pub trait Handle<T>: Send + Sync {
+    /// Applies `envelope` on `txn`.
+    fn handle<'a>(
+        &'a self,
+        txn: &'a DatabaseTransaction,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<T, HandlerError>>;
+}
+
+impl<T, F> Handle<T> for F
+where
+    F: for<'a> Fn(&'a DatabaseTransaction, &'a Envelope) -> BoxFuture<'a, Result<T, HandlerError>>
+        + Send
+        + Sync,
+{
+    fn handle<'a>(
+        &'a self,
+        txn: &'a DatabaseTransaction,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<T, HandlerError>> {
+        self(txn, envelope)
+    }
+}
+
+/// The inbox: runs handlers behind the marker, through the retry executor.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    executor: Executor,
+    fast_path: bool,
+}
+
+impl Inbox {
+    /// An inbox running its units on `executor`, with the fast path on.
+    pub fn new(executor: Executor) -> Self {
+        Self {
+            executor,
+            fast_path: true,
+        }
+    }
+
+    /// Turns the existence pre-check on or off. Off, every duplicate is caught
+    /// by the unique index alone (useful to prove that it suffices, and to
+    /// measure what the pre-check saves).
+    pub fn with_fast_path(mut self, enabled: bool) -> Self {
+        self.fast_path = enabled;
+        self
+    }
+
+    /// The executor units run on.
+    pub fn executor(&self) -> &Executor {
+        &self.executor
+    }
+
+    /// Applies `envelope` for `consumer` at most once: inserts the marker and
+    /// runs `handler` in one transaction, retried as a whole on transient errors.
+    ///
+    /// # Errors
+    /// [`InboxError`] when the unit did not commit: a business constraint
+    /// violation, a handler rejection or failure, a panic, or a database error
+    /// the retries did not overcome. Nothing of the unit is left behind.
+    #[tracing::instrument(name = "inbox.process", skip_all, fields(message_id = %envelope.message_id, consumer = %consumer))]
+    pub async fn process<T, H>(
+        &self,
+        envelope: &Envelope,
+        consumer: &ConsumerName,
+        handler: &H,
+    ) -> Result<Outcome<T>, InboxError>
+    where
+        T: Send,
+        H: Handle<T> + ?Sized,
+    {
+        if self.fast_path {
+            match self.is_recorded(envelope, consumer).await {
+                Ok(true) => return Ok(Outcome::Duplicate),
+                Ok(false) => {}
+                Err(source) => return Err(database_error(envelope, consumer, source)),
+            }
+        }
+        let unit = MarkedUnit {
+            envelope,
+            consumer,
+            handler,
+        };
+        match self.executor.run(&unit).await {
+            Ok(value) => Ok(Outcome::Processed(value)),
+            Err(err) => classify_unit_error(envelope, consumer, err),
+        }
+    }
+
+    /// Whether a marker exists for the pair (the fast path's read).
+    ///
+    /// # Errors
+    /// The database error of the read.
+    pub async fn is_recorded(
+        &self,
+        envelope: &Envelope,
+        consumer: &ConsumerName,
+    ) -> Result<bool, DbErr> {
+        let found = inbox_message::Entity::find()
+            .select_only()
+            .column(inbox_message::Column::Id)
+            .filter(inbox_message::Column::MessageId.eq(envelope.message_id.as_str()))
+            .filter(inbox_message::Column::Consumer.eq(consumer.as_str()))
+            .into_tuple::<i64>()
+            .one(self.executor.db())
+            .await?;
+        Ok(found.is_some())
+    }
+}
+
+/// The marker insert followed by the handler: the unit the executor re-runs.
+struct MarkedUnit<'h, H: ?Sized> {
+    envelope: &'h Envelope,
+    consumer: &'h ConsumerName,
+    handler: &'h H,
+}
+
+impl<T, H> Unit<T> for MarkedUnit<'_, H>
+where
+    T: Send,
+    H: Handle<T> + ?Sized,
+{
+    fn run<'a>(&'a self, txn: &'a DatabaseTransaction) -> BoxFuture<'a, Result<T, HandlerError>> {
+        Box::pin(async move {
+            // The marker goes first: on PostgreSQL a concurrent instance then
+            // blocks on the index right away instead of doing the work twice.
+            insert_marker(txn, self.envelope, self.consumer).await?;
+            self.handler.handle(txn, self.envelope).await
+        })
+    }
+}
+
+async fn insert_marker(
+    txn: &DatabaseTransaction,
+    envelope: &Envelope,
+    consumer: &ConsumerName,
+) -> Result<(), DbErr> {
+    let now = Utc::now();
+    let marker = inbox_message::ActiveModel {
+        id: NotSet,
+        message_id: Set(envelope.message_id.as_str().to_owned()),
+        consumer: Set(consumer.as_str().to_owned()),
+        received_at: Set(now),
+        processed_at: Set(Some(now)),
+        claimed_by: Set(None),
+        claimed_at: Set(None),
+        lease_until: Set(None),
+        attempts: Set(1),
+        result: Set(None),
+        quarantined_at: Set(None),
+    };
+    inbox_message::Entity::insert(marker)
+        .exec_without_returning(txn)
+        .await?;
+    Ok(())
+}
+
+fn classify_unit_error<T>(
+    envelope: &Envelope,
+    consumer: &ConsumerName,
+    err: HandlerError,
+) -> Result<Outcome<T>, InboxError> {
+    let message_id = envelope.message_id.to_string();
+    let consumer_name = consumer.to_string();
+    match err {
+        HandlerError::Database(source) => match classify(&source) {
+            Failure::InboxDuplicate => Ok(Outcome::Duplicate),
+            Failure::UniqueViolation { constraint } => Err(InboxError::Constraint {
+                message_id,
+                consumer: consumer_name,
+                constraint,
+                source,
+            }),
+            _ => Err(database_error(envelope, consumer, source)),
+        },
+        HandlerError::Rejected(reason) => Err(InboxError::Rejected {
+            message_id,
+            consumer: consumer_name,
+            reason,
+        }),
+        HandlerError::Failed(source) => Err(InboxError::Handler {
+            message_id,
+            consumer: consumer_name,
+            source,
+        }),
+        HandlerError::Panicked(panic) => Err(InboxError::Panicked {
+            message_id,
+            consumer: consumer_name,
+            panic,
+        }),
+    }
+}
+
+fn database_error(envelope: &Envelope, consumer: &ConsumerName, source: DbErr) -> InboxError {
+    InboxError::Database {
+        message_id: envelope.message_id.to_string(),
+        consumer: consumer.to_string(),
+        source,
+    }
+}

@@ -1,0 +1,30 @@
+//! seawall's core: exactly-once effects over at-least-once delivery.
+//!
+//! A handler's business writes, its inbox marker and its outgoing events commit
+//! in one transaction; the database's unique index, not a prior check, decides
+//! which of two racing deliveries wins. This crate knows nothing about NATS or
+//! HTTP; `worker` and `api` build on it.
+//!
+//! # Layout
+//! - [`envelope`]: validated ids ([`MessageId`], [`ConsumerName`]) and [`Envelope`].
+//! - [`inbox`]: [`Inbox::process`], [`Outcome`], the [`Handle`] trait.
+//! - [`outbox`]: [`Outbox::enqueue`] and [`NewEvent`].
+//! - [`executor`]: [`Executor`], which re-runs whole transactions on transient errors.
+//! - [`classify`]: what a database error means, per backend.
+//! - [`credits`]: the demo domain, as the example of domain logic.
+//! - [`db`]: opening a database with the settings the inbox relies on.
+
+pub mod classify;
+pub mod credits;
+pub mod db;
+pub mod envelope;
+mod error;
+pub mod executor;
+pub mod inbox;
+pub mod outbox;
+
+pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
+pub use error::{BoxError, HandlerError, InboxError};
+pub use executor::{Executor, RetryPolicy, Unit};
+pub use inbox::{Handle, Inbox, Outcome};
+pub use outbox::{NewEvent, Outbox};

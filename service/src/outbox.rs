@@ -1,0 +1,101 @@
+//! The transactional outbox: events recorded in the business transaction.
+//!
+//! Publishing to the broker inside the transaction would either publish events
+//! of transactions that later roll back, or lose events when the process dies
+//! after commit. Writing a row in the same transaction makes the event commit
+//! exactly when the business change does; the relay publishes it afterwards.
+
+use std::collections::BTreeMap;
+
+use chrono::Utc;
+use sea_orm::{
+    ActiveValue::{NotSet, Set},
+    DatabaseTransaction, DbErr, EntityTrait,
+};
+
+use entity::outbox_message;
+
+/// An event to publish once the surrounding transaction commits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// Sent as `Nats-Msg-Id`; JetStream drops a republished copy within its
+    /// duplicate window. A fresh time-ordered UUID unless set.
+    pub message_id: String,
+    /// NATS subject to publish on.
+    pub subject: String,
+    /// The message body.
+    pub payload: Vec<u8>,
+    /// Extra headers (for example W3C `traceparent`).
+    pub headers: BTreeMap<String, String>,
+    /// Events sharing a key are published in commit order.
+    pub ordering_key: Option<String>,
+}
+
+impl NewEvent {
+    /// An event with a fresh message id.
+    pub fn new(subject: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self {
+            message_id: uuid::Uuid::now_v7().to_string(),
+            subject: subject.into(),
+            payload: payload.into(),
+            headers: BTreeMap::new(),
+            ordering_key: None,
+        }
+    }
+
+    /// Uses a caller-chosen message id (for example one derived from the input).
+    pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
+        self.message_id = id.into();
+        self
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Orders this event after earlier events with the same key.
+    pub fn with_ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+}
+
+/// Writes outbox rows. It takes a `&DatabaseTransaction`, not a connection, so
+/// an event can only be recorded as part of a business transaction.
+pub struct Outbox;
+
+impl Outbox {
+    /// Records `event` in `txn`. It becomes visible to the relay when `txn`
+    /// commits, and never if it rolls back.
+    ///
+    /// # Errors
+    /// The insert's database error (a reused message id violates
+    /// `ix_outbox_message_message_id`).
+    pub async fn enqueue(txn: &DatabaseTransaction, event: NewEvent) -> Result<(), DbErr> {
+        let now = Utc::now();
+        let headers = serde_json::to_value(&event.headers)
+            .map_err(|e| DbErr::Json(e.to_string()))?;
+        let row = outbox_message::ActiveModel {
+            id: NotSet,
+            message_id: Set(event.message_id),
+            subject: Set(event.subject),
+            payload: Set(event.payload),
+            headers: Set(headers),
+            ordering_key: Set(event.ordering_key),
+            created_at: Set(now),
+            published_at: Set(None),
+            attempts: Set(0),
+            last_error: Set(None),
+            next_attempt_at: Set(now),
+            locked_by: Set(None),
+            locked_until: Set(None),
+            dead_at: Set(None),
+        };
+        outbox_message::Entity::insert(row)
+            .exec_without_returning(txn)
+            .await?;
+        Ok(())
+    }
+}
