@@ -21,7 +21,11 @@ pub fn utc<T: IntoIden>(backend: DbBackend, col: T, nullable: bool) -> ColumnDef
         DbBackend::MySql => def.custom(Alias::new("datetime(6)")),
         _ => def.timestamp_with_time_zone(),
     };
-    if nullable { def.null() } else { def.not_null() };
+    if nullable {
+        def.null()
+    } else {
+        def.not_null()
+    };
     def
 }
 
@@ -40,7 +44,11 @@ pub fn bytes<T: IntoIden>(backend: DbBackend, col: T) -> ColumnDef {
 pub fn bounded<T: IntoIden>(col: T, len: u32, nullable: bool) -> ColumnDef {
     let mut def = ColumnDef::new(col);
     def.string_len(len);
-    if nullable { def.null() } else { def.not_null() };
+    if nullable {
+        def.null()
+    } else {
+        def.not_null()
+    };
     def
 }
 
@@ -48,6 +56,10 @@ pub fn bounded<T: IntoIden>(col: T, len: u32, nullable: bool) -> ColumnDef {
 pub fn text<T: IntoIden>(col: T, nullable: bool) -> ColumnDef {
     let mut def = ColumnDef::new(col);
     def.text();
-    if nullable { def.null() } else { def.not_null() };
+    if nullable {
+        def.null()
+    } else {
+        def.not_null()
+    };
     def
 }

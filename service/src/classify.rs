@@ -100,13 +100,17 @@ pub fn shape_of(err: &DbErr) -> ErrorShape {
 }
 
 fn database_shape(db: &dyn sqlx::error::DatabaseError) -> ErrorShape {
-    let (backend, number) = if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        (Engine::MySql, Some(my.number()))
-    } else if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() {
-        (Engine::Postgres, None)
-    } else {
-        (Engine::Sqlite, None)
-    };
+    let (backend, number) =
+        if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+            (Engine::MySql, Some(my.number()))
+        } else if db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .is_some()
+        {
+            (Engine::Postgres, None)
+        } else {
+            (Engine::Sqlite, None)
+        };
     ErrorShape::Database {
         backend,
         code: db.code().map(|c| c.into_owned()),
@@ -120,7 +124,9 @@ fn database_shape(db: &dyn sqlx::error::DatabaseError) -> ErrorShape {
 /// shape without a database.
 pub fn classify_shape(shape: &ErrorShape) -> Failure {
     match shape {
-        ErrorShape::ConnectionLost(_) => Failure::Transient { reason: "connection" },
+        ErrorShape::ConnectionLost(_) => Failure::Transient {
+            reason: "connection",
+        },
         ErrorShape::Other(_) => Failure::Permanent,
         ErrorShape::Database {
             backend,
@@ -140,15 +146,27 @@ fn classify_postgres(code: Option<&str>, constraint: Option<&str>) -> Failure {
     match code {
         Some("23505") => match constraint {
             Some(INBOX_INDEX) => Failure::InboxDuplicate,
-            Some(name) => Failure::UniqueViolation { constraint: name.to_owned() },
-            None => Failure::UniqueViolation { constraint: "unknown".into() },
+            Some(name) => Failure::UniqueViolation {
+                constraint: name.to_owned(),
+            },
+            None => Failure::UniqueViolation {
+                constraint: "unknown".into(),
+            },
         },
-        Some("40001") => Failure::Transient { reason: "serialization" },
+        Some("40001") => Failure::Transient {
+            reason: "serialization",
+        },
         Some("40P01") => Failure::Transient { reason: "deadlock" },
-        Some("55P03") => Failure::Transient { reason: "lock_not_available" },
+        Some("55P03") => Failure::Transient {
+            reason: "lock_not_available",
+        },
         // Class 08: connection exceptions; 57P01..03: server shutting down or restarting.
-        Some(c) if c.starts_with("08") => Failure::Transient { reason: "connection" },
-        Some("57P01" | "57P02" | "57P03") => Failure::Transient { reason: "server_restart" },
+        Some(c) if c.starts_with("08") => Failure::Transient {
+            reason: "connection",
+        },
+        Some("57P01" | "57P02" | "57P03") => Failure::Transient {
+            reason: "server_restart",
+        },
         _ => Failure::Permanent,
     }
 }
@@ -168,7 +186,9 @@ fn classify_sqlite(code: Option<&str>, message: &str) -> Failure {
             if columns == SQLITE_INBOX_COLUMNS {
                 Failure::InboxDuplicate
             } else {
-                Failure::UniqueViolation { constraint: columns.to_owned() }
+                Failure::UniqueViolation {
+                    constraint: columns.to_owned(),
+                }
             }
         }
         c if c & 0xff == 5 => Failure::Transient { reason: "busy" },
@@ -190,12 +210,18 @@ fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
             if name == INBOX_INDEX {
                 Failure::InboxDuplicate
             } else {
-                Failure::UniqueViolation { constraint: name.to_owned() }
+                Failure::UniqueViolation {
+                    constraint: name.to_owned(),
+                }
             }
         }
         Some(1213) => Failure::Transient { reason: "deadlock" },
-        Some(1205) => Failure::Transient { reason: "lock_wait_timeout" },
-        Some(2006 | 2013) => Failure::Transient { reason: "connection" },
+        Some(1205) => Failure::Transient {
+            reason: "lock_wait_timeout",
+        },
+        Some(2006 | 2013) => Failure::Transient {
+            reason: "connection",
+        },
         _ => Failure::Permanent,
     }
 }
@@ -204,7 +230,13 @@ fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
 mod tests {
     use super::*;
 
-    fn db(backend: Engine, code: &str, number: Option<u16>, constraint: Option<&str>, message: &str) -> ErrorShape {
+    fn db(
+        backend: Engine,
+        code: &str,
+        number: Option<u16>,
+        constraint: Option<&str>,
+        message: &str,
+    ) -> ErrorShape {
         ErrorShape::Database {
             backend,
             code: Some(code.into()),
@@ -216,12 +248,26 @@ mod tests {
 
     #[test]
     fn postgres_inbox_violation_is_a_duplicate_and_others_are_not() {
-        let dup = db(Engine::Postgres, "23505", None, Some(INBOX_INDEX), "duplicate key");
+        let dup = db(
+            Engine::Postgres,
+            "23505",
+            None,
+            Some(INBOX_INDEX),
+            "duplicate key",
+        );
         assert_eq!(classify_shape(&dup), Failure::InboxDuplicate);
-        let other = db(Engine::Postgres, "23505", None, Some("ix_credit_reference"), "duplicate key");
+        let other = db(
+            Engine::Postgres,
+            "23505",
+            None,
+            Some("ix_credit_reference"),
+            "duplicate key",
+        );
         assert_eq!(
             classify_shape(&other),
-            Failure::UniqueViolation { constraint: "ix_credit_reference".into() }
+            Failure::UniqueViolation {
+                constraint: "ix_credit_reference".into()
+            }
         );
     }
 
@@ -235,10 +281,18 @@ mod tests {
             "UNIQUE constraint failed: inbox_message.message_id, inbox_message.consumer",
         );
         assert_eq!(classify_shape(&dup), Failure::InboxDuplicate);
-        let other = db(Engine::Sqlite, "2067", None, None, "UNIQUE constraint failed: credit.reference");
+        let other = db(
+            Engine::Sqlite,
+            "2067",
+            None,
+            None,
+            "UNIQUE constraint failed: credit.reference",
+        );
         assert_eq!(
             classify_shape(&other),
-            Failure::UniqueViolation { constraint: "credit.reference".into() }
+            Failure::UniqueViolation {
+                constraint: "credit.reference".into()
+            }
         );
         let busy = db(Engine::Sqlite, "517", None, None, "database is locked");
         assert_eq!(classify_shape(&busy), Failure::Transient { reason: "busy" });
@@ -263,7 +317,9 @@ mod tests {
         );
         assert_eq!(
             classify_shape(&mariadb),
-            Failure::UniqueViolation { constraint: "ix_credit_reference".into() }
+            Failure::UniqueViolation {
+                constraint: "ix_credit_reference".into()
+            }
         );
     }
 

@@ -52,8 +52,8 @@ impl CreditRequest {
     /// # Errors
     /// A readable reason: the JSON error, or which field is out of range.
     pub fn parse(payload: &[u8]) -> Result<Self, String> {
-        let req: Self =
-            serde_json::from_slice(payload).map_err(|e| format!("malformed credit request: {e}"))?;
+        let req: Self = serde_json::from_slice(payload)
+            .map_err(|e| format!("malformed credit request: {e}"))?;
         if req.account_id.trim().is_empty() || req.account_id.len() > MAX_ACCOUNT_ID_LEN {
             return Err(format!(
                 "invalid credit request: account_id must be 1 to {MAX_ACCOUNT_ID_LEN} bytes"
@@ -142,7 +142,10 @@ pub async fn add_to_balance<C: ConnectionTrait>(
     .exec_without_returning(conn)
     .await?;
     account::Entity::update_many()
-        .col_expr(account::Column::Balance, Expr::col(account::Column::Balance).add(amount))
+        .col_expr(
+            account::Column::Balance,
+            Expr::col(account::Column::Balance).add(amount),
+        )
         .col_expr(account::Column::UpdatedAt, Expr::value(now))
         .filter(account::Column::AccountId.eq(account_id))
         .exec(conn)
@@ -236,7 +239,11 @@ mod tests {
             br#"{"amount":5}"#,
             b"not json",
         ] {
-            assert!(CreditRequest::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(
+                CreditRequest::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 }

@@ -133,7 +133,11 @@ pub struct Envelope {
 
 impl Envelope {
     /// Builds an envelope whose id is already known (tests, replays, producers).
-    pub fn new(message_id: MessageId, subject: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+    pub fn new(
+        message_id: MessageId,
+        subject: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
         Self {
             message_id,
             subject: subject.into(),
@@ -187,7 +191,10 @@ mod tests {
     use super::*;
 
     fn headers(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -205,16 +212,25 @@ mod tests {
     #[test]
     fn a_message_without_id_headers_is_rejected() {
         let h = headers(&[("ce-id", "42")]);
-        assert_eq!(message_id_from_headers(&h), Err(EnvelopeError::MissingMessageId));
+        assert_eq!(
+            message_id_from_headers(&h),
+            Err(EnvelopeError::MissingMessageId)
+        );
     }
 
     #[test]
     fn ids_are_bounded_and_non_empty() {
         assert_eq!(MessageId::parse("  "), Err(EnvelopeError::EmptyMessageId));
         let long = "x".repeat(MAX_MESSAGE_ID_LEN + 1);
-        assert!(matches!(MessageId::parse(long), Err(EnvelopeError::MessageIdTooLong { .. })));
+        assert!(matches!(
+            MessageId::parse(long),
+            Err(EnvelopeError::MessageIdTooLong { .. })
+        ));
         assert!(MessageId::parse("x".repeat(MAX_MESSAGE_ID_LEN)).is_ok());
-        assert_eq!(MessageId::parse("a\nb"), Err(EnvelopeError::MessageIdControlChar));
+        assert_eq!(
+            MessageId::parse("a\nb"),
+            Err(EnvelopeError::MessageIdControlChar)
+        );
     }
 
     #[test]

@@ -32,7 +32,9 @@ pub enum HandlerError {
 pub enum InboxError {
     /// A unique constraint other than the inbox index rejected a write. This is
     /// a real conflict in the business data, never "already processed".
-    #[error("message {message_id} (consumer {consumer}): unique constraint {constraint} rejected a write")]
+    #[error(
+        "message {message_id} (consumer {consumer}): unique constraint {constraint} rejected a write"
+    )]
     Constraint {
         /// The message.
         message_id: String,

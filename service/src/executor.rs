@@ -73,6 +73,16 @@ where
     }
 }
 
+/// Lets the compiler see a closure as a [`Unit`]: closures only get the
+/// higher-ranked signature `for<'a> Fn(&'a DatabaseTransaction) -> BoxFuture<'a, _>`
+/// when they are written directly where that bound is expected.
+pub fn unit<T, F>(f: F) -> F
+where
+    F: for<'a> Fn(&'a DatabaseTransaction) -> BoxFuture<'a, Result<T, HandlerError>> + Send + Sync,
+{
+    f
+}
+
 /// Runs units of work against one database with a retry policy.
 #[derive(Debug, Clone)]
 pub struct Executor {

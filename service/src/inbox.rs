@@ -60,6 +60,16 @@ where
     }
 }
 
+/// Lets the compiler see a closure as a [`Handle`]r (see [`crate::executor::unit`]).
+pub fn handler<T, F>(f: F) -> F
+where
+    F: for<'a> Fn(&'a DatabaseTransaction, &'a Envelope) -> BoxFuture<'a, Result<T, HandlerError>>
+        + Send
+        + Sync,
+{
+    f
+}
+
 /// The inbox: runs handlers behind the marker, through the retry executor.
 #[derive(Debug, Clone)]
 pub struct Inbox {
@@ -162,13 +172,22 @@ where
         Box::pin(async move {
             // The marker goes first: on PostgreSQL a concurrent instance then
             // blocks on the index right away instead of doing the work twice.
-            insert_marker(txn, self.envelope, self.consumer).await?;
+            record_marker(txn, self.envelope, self.consumer).await?;
             self.handler.handle(txn, self.envelope).await
         })
     }
 }
 
-async fn insert_marker(
+/// Inserts the processed marker for (`envelope`, `consumer`) on `txn`.
+///
+/// [`Inbox::process`] calls this before the handler. It is public for units
+/// that must order their statements differently; whatever runs before it on
+/// the same transaction rolls back when the index rejects the marker.
+///
+/// # Errors
+/// The insert's error; a duplicate is a unique violation of
+/// `ix_inbox_message_id_consumer` (see [`crate::classify`]).
+pub async fn record_marker(
     txn: &DatabaseTransaction,
     envelope: &Envelope,
     consumer: &ConsumerName,

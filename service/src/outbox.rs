@@ -75,8 +75,8 @@ impl Outbox {
     /// `ix_outbox_message_message_id`).
     pub async fn enqueue(txn: &DatabaseTransaction, event: NewEvent) -> Result<(), DbErr> {
         let now = Utc::now();
-        let headers = serde_json::to_value(&event.headers)
-            .map_err(|e| DbErr::Json(e.to_string()))?;
+        let headers =
+            serde_json::to_value(&event.headers).map_err(|e| DbErr::Json(e.to_string()))?;
         let row = outbox_message::ActiveModel {
             id: NotSet,
             message_id: Set(event.message_id),

@@ -1,0 +1,155 @@
+//! Configuration: defaults, then a TOML file (`--config`), then `SEAWALL_*`
+//! environment variables. A bad or missing value stops start-up with a message
+//! naming the key, rather than surfacing later as a confusing runtime error.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// Every setting, with the names used in the TOML file. The environment
+/// variable is the name upper-cased with a `SEAWALL_` prefix.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub database_url: String,
+    pub db_max_connections: u32,
+    pub nats_url: String,
+    pub api_addr: SocketAddr,
+    pub admin_token: Option<String>,
+    pub ack_wait_ms: u64,
+    pub max_deliver: i64,
+    pub duplicate_window_ms: u64,
+    pub demo_work_ms: u64,
+    pub notify_webhook_url: Option<String>,
+}
+
+/// The keys read from the environment (others with the prefix are ignored, so
+/// unrelated `SEAWALL_TEST_*` variables do not break start-up).
+const KEYS: &[&str] = &[
+    "database_url",
+    "db_max_connections",
+    "nats_url",
+    "api_addr",
+    "admin_token",
+    "ack_wait_ms",
+    "max_deliver",
+    "duplicate_window_ms",
+    "demo_work_ms",
+    "notify_webhook_url",
+];
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            database_url: "sqlite://seawall.db?mode=rwc".into(),
+            db_max_connections: 16,
+            nats_url: "nats://127.0.0.1:4222".into(),
+            api_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_token: None,
+            ack_wait_ms: 30_000,
+            max_deliver: 5,
+            duplicate_window_ms: 120_000,
+            demo_work_ms: 0,
+            notify_webhook_url: None,
+        }
+    }
+}
+
+/// Loaded settings plus what the loader learnt about where they came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub settings: Settings,
+    /// Whether `database_url` was set explicitly (file or environment), as
+    /// opposed to the default. `seawall demo` uses a throwaway file otherwise.
+    pub database_url_explicit: bool,
+}
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0} does not exist")]
+    MissingFile(String),
+    #[error("configuration: {0}")]
+    Parse(#[from] Box<figment::Error>),
+    #[error("configuration key `{key}` (env SEAWALL_{env}): {problem}")]
+    Invalid {
+        key: &'static str,
+        env: String,
+        problem: String,
+    },
+}
+
+fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        env: key.to_uppercase(),
+        problem: problem.into(),
+    }
+}
+
+/// Loads and validates the settings.
+pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigError> {
+    let mut user = Figment::new();
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(ConfigError::MissingFile(path.display().to_string()));
+        }
+        user = user.merge(Toml::file_exact(path));
+    }
+    user = user.merge(Env::prefixed("SEAWALL_").only(KEYS));
+    let database_url_explicit = user.find_value("database_url").is_ok();
+    let settings: Settings = Figment::from(Serialized::defaults(Settings::default()))
+        .merge(user)
+        .extract()
+        .map_err(Box::new)?;
+    settings.validate()?;
+    Ok(Loaded {
+        settings,
+        database_url_explicit,
+    })
+}
+
+impl Settings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let scheme = self.database_url.split(':').next().unwrap_or_default();
+        if !matches!(scheme, "sqlite" | "postgres" | "postgresql" | "mysql") {
+            return Err(invalid(
+                "database_url",
+                format!("unsupported scheme {scheme:?}; use sqlite:, postgres: or mysql:"),
+            ));
+        }
+        if !self.nats_url.contains("://") && !self.nats_url.contains(':') {
+            return Err(invalid(
+                "nats_url",
+                "expected a URL like nats://127.0.0.1:4222",
+            ));
+        }
+        if self.db_max_connections == 0 {
+            return Err(invalid("db_max_connections", "must be at least 1"));
+        }
+        if self.ack_wait_ms == 0 {
+            return Err(invalid("ack_wait_ms", "must be at least 1"));
+        }
+        if self.max_deliver < 1 {
+            return Err(invalid("max_deliver", "must be at least 1"));
+        }
+        if self.duplicate_window_ms == 0 {
+            return Err(invalid("duplicate_window_ms", "must be at least 1"));
+        }
+        if matches!(&self.admin_token, Some(t) if t.trim().is_empty()) {
+            return Err(invalid("admin_token", "must not be empty when set"));
+        }
+        if let Some(url) = &self.notify_webhook_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(invalid(
+                "notify_webhook_url",
+                "must be an http:// or https:// URL",
+            ));
+        }
+        Ok(())
+    }
+}
