@@ -72,8 +72,12 @@ pub struct Loaded {
 pub enum ConfigError {
     #[error("config file {0} does not exist")]
     MissingFile(String),
-    #[error("configuration: {0}")]
-    Parse(#[from] Box<figment::Error>),
+    #[error("configuration key `{key}` (env SEAWALL_{env}): {problem}")]
+    Parse {
+        key: String,
+        env: String,
+        problem: String,
+    },
     #[error("configuration key `{key}` (env SEAWALL_{env}): {problem}")]
     Invalid {
         key: &'static str,
@@ -87,6 +91,21 @@ fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
         key,
         env: key.to_uppercase(),
         problem: problem.into(),
+    }
+}
+
+/// Names the key a figment error is about, in both its file and env spelling.
+fn parse_error(err: figment::Error) -> ConfigError {
+    let key = err.path.join(".").to_lowercase();
+    let source = err
+        .metadata
+        .as_ref()
+        .map(|m| format!(" (from {})", m.name))
+        .unwrap_or_default();
+    ConfigError::Parse {
+        env: key.to_uppercase(),
+        key,
+        problem: format!("{}{source}", err.kind),
     }
 }
 
@@ -104,7 +123,7 @@ pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigError> {
     let settings: Settings = Figment::from(Serialized::defaults(Settings::default()))
         .merge(user)
         .extract()
-        .map_err(Box::new)?;
+        .map_err(parse_error)?;
     settings.validate()?;
     Ok(Loaded {
         settings,

@@ -7,6 +7,8 @@ use sea_orm_migration::schema::{big_integer, big_pk_auto};
 #[derive(DeriveMigrationName)]
 pub struct Migration;
 
+// Column names mirror the entity; clippy's naming lint does not apply to idens.
+#[allow(clippy::enum_variant_names)]
 #[derive(DeriveIden)]
 enum Account {
     Table,

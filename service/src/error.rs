@@ -44,7 +44,7 @@ pub enum InboxError {
         constraint: String,
         /// The database error.
         #[source]
-        source: DbErr,
+        source: Box<DbErr>,
     },
     /// Any other database failure (after the executor's retries).
     #[error("message {message_id} (consumer {consumer}): database error: {source}")]
@@ -55,7 +55,7 @@ pub enum InboxError {
         consumer: String,
         /// The database error.
         #[source]
-        source: DbErr,
+        source: Box<DbErr>,
     },
     /// The handler refused the message for good.
     #[error("message {message_id} (consumer {consumer}) rejected: {reason}")]

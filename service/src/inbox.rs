@@ -226,7 +226,7 @@ fn classify_unit_error<T>(
                 message_id,
                 consumer: consumer_name,
                 constraint,
-                source,
+                source: Box::new(source),
             }),
             _ => Err(database_error(envelope, consumer, source)),
         },
@@ -252,6 +252,6 @@ fn database_error(envelope: &Envelope, consumer: &ConsumerName, source: DbErr) -
     InboxError::Database {
         message_id: envelope.message_id.to_string(),
         consumer: consumer.to_string(),
-        source,
+        source: Box::new(source),
     }
 }

@@ -1,1 +1,15 @@
+//! Inbox integration tests: the guarantees of DESIGN.md rules 1-7 on real
+//! SQLite files, PostgreSQL and MariaDB.
 
+#[path = "../support/mod.rs"]
+mod support;
+
+mod bad_input;
+mod config;
+mod constraints;
+mod load;
+mod overlap;
+mod races;
+mod retry;
+mod rollback;
+mod sqlite_processes;

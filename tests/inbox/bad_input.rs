@@ -1,0 +1,66 @@
+//! Test 10: bad input gets a clear error and leaves nothing behind.
+
+use futures::future::BoxFuture;
+
+use entity::prelude::*;
+use service::credits::{CREDIT_CONSUMER, CreditRequest, apply_credit};
+use service::envelope::MAX_MESSAGE_ID_LEN;
+use service::inbox::handler;
+use service::{ConsumerName, EnvelopeError, Executor, HandlerError, Inbox, InboxError, MessageId};
+
+use crate::on_backends;
+use crate::support::{Backend, TestDb, credit_envelope};
+
+#[test]
+fn empty_and_oversized_identifiers_are_rejected_with_a_reason() {
+    let empty = MessageId::parse("").unwrap_err();
+    assert_eq!(empty, EnvelopeError::EmptyMessageId);
+    assert_eq!(empty.to_string(), "message id is empty");
+    let long = MessageId::parse("x".repeat(MAX_MESSAGE_ID_LEN + 1)).unwrap_err();
+    assert!(long.to_string().contains("the limit is 200"), "{long}");
+    assert_eq!(ConsumerName::parse("").unwrap_err().to_string(), "consumer name is empty");
+    assert!(ConsumerName::parse("has space").unwrap_err().to_string().contains("invalid"));
+}
+
+async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let panicking = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
+            apply_credit(txn, &env.message_id, &req).await?;
+            panic!("handler bug after the writes");
+        })
+    });
+    let env = credit_envelope("panics", "acct", 100, None);
+    let err = inbox.process(&env, &consumer, &panicking).await.unwrap_err();
+    let InboxError::Panicked { panic, message_id, .. } = &err else { panic!("expected Panicked, got {err:?}") };
+    assert_eq!(panic, "handler bug after the writes");
+    assert_eq!(message_id, "panics");
+    for n in [
+        t.count(InboxMessage).await,
+        t.count(Credit).await,
+        t.count(Account).await,
+        t.count(OutboxMessage).await,
+    ] {
+        assert_eq!(n, 0);
+    }
+    // The pool is still usable after the panic.
+    let ok = credit_envelope("after-panic", "acct", 100, None);
+    inbox.process(&ok, &consumer, &service::credits::CreditHandler::default()).await.unwrap();
+    assert_eq!(t.count(Credit).await, 1);
+}
+on_backends!(a_panicking_handler_is_reported_and_leaves_no_rows: sqlite, postgres);
+
+async fn a_malformed_payload_is_rejected_without_rows(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let env = service::Envelope::new(MessageId::parse("bad-json").unwrap(), "credits.requested", &b"{not json"[..]);
+    let err = inbox.process(&env, &consumer, &service::credits::CreditHandler::default()).await.unwrap_err();
+    assert!(matches!(err, InboxError::Rejected { .. }) && err.is_permanent(), "{err}");
+    assert!(err.to_string().contains("malformed credit request"), "{err}");
+    assert_eq!(t.count(InboxMessage).await, 0);
+}
+on_backends!(a_malformed_payload_is_rejected_without_rows: sqlite, postgres);

@@ -1,0 +1,34 @@
+//! Another constraint's violation is an error, never a duplicate (rule 4).
+
+use entity::prelude::*;
+use service::credits::{CREDIT_CONSUMER, CreditHandler};
+use service::{ConsumerName, Executor, Inbox, InboxError, Outcome};
+
+use crate::on_backends;
+use crate::support::{Backend, TestDb, credit_envelope};
+
+/// Test 6.
+async fn a_business_unique_violation_is_an_error_not_a_duplicate(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let handler = CreditHandler::default();
+    let first = credit_envelope("ref-a", "acct", 100, Some("invoice-7"));
+    let second = credit_envelope("ref-b", "acct", 100, Some("invoice-7"));
+    assert!(matches!(inbox.process(&first, &consumer, &handler).await.unwrap(), Outcome::Processed(_)));
+    let err = inbox.process(&second, &consumer, &handler).await.unwrap_err();
+    let InboxError::Constraint { constraint, message_id, .. } = &err else {
+        panic!("expected a constraint error, got {err:?}");
+    };
+    let expected = match backend {
+        Backend::Sqlite => "credit.reference",
+        Backend::Postgres | Backend::MySql => "ix_credit_reference",
+    };
+    assert_eq!(constraint, expected);
+    assert_eq!(message_id, "ref-b");
+    assert!(err.to_string().contains(expected), "the message names the constraint: {err}");
+    assert!(err.is_permanent());
+    assert_eq!(t.count(InboxMessage).await, 1, "no marker for the failed message");
+    assert_eq!(t.count(Credit).await, 1);
+}
+on_backends!(a_business_unique_violation_is_an_error_not_a_duplicate: sqlite, postgres, mysql);

@@ -1,0 +1,77 @@
+//! Races between instances on one message (rules 1, 2 and 4).
+
+use std::sync::Arc;
+
+use entity::prelude::*;
+use sea_orm::EntityTrait as _;
+use service::credits::{CREDIT_CONSUMER, CreditHandler, CreditRequest, naive_apply_credit};
+use service::{ConsumerName, Executor, Inbox, Outcome};
+use tokio::sync::Barrier;
+
+use crate::on_backends;
+use crate::support::{Backend, TestDb, credit_envelope};
+
+/// Test 1: the harness can see the bug the inbox prevents.
+async fn a_naive_check_then_insert_applies_a_credit_twice(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let (a_db, b_db) = (t.db.clone(), t.second_pool().await);
+    let env = credit_envelope("naive-1", "acct", 100, None);
+    let req = CreditRequest::parse(&env.payload).unwrap();
+    let gate = Arc::new(Barrier::new(2));
+    let (g1, g2) = (gate.clone(), gate);
+    let (a, b) = tokio::join!(
+        naive_apply_credit(&a_db, &env.message_id, &req, async move {
+            g1.wait().await;
+        }),
+        naive_apply_credit(&b_db, &env.message_id, &req, async move {
+            g2.wait().await;
+        }),
+    );
+    assert!(a.unwrap() && b.unwrap(), "both instances passed the check");
+    assert_eq!(t.count(Credit).await, 2, "the credit was applied twice");
+}
+on_backends!(a_naive_check_then_insert_applies_a_credit_twice: sqlite, postgres);
+
+/// Test 2: two connections race `process`; exactly one applies the message.
+async fn two_instances_racing_on_one_message_apply_it_once(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    // The fast path is off so that the unique index alone must decide, and
+    // the handler works for a while so the two transactions overlap.
+    let a = Inbox::new(Executor::new(t.db.clone())).with_fast_path(false);
+    let b = Inbox::new(Executor::new(t.second_pool().await)).with_fast_path(false);
+    let handler = CreditHandler {
+        work: std::time::Duration::from_millis(20),
+    };
+    let rounds = 10;
+    for i in 0..rounds {
+        let env = credit_envelope(&format!("race-{i}"), "acct", 10, None);
+        let (ra, rb) = tokio::join!(a.process(&env, &consumer, &handler), b.process(&env, &consumer, &handler));
+        let outcomes = [ra.unwrap(), rb.unwrap()];
+        let processed = outcomes.iter().filter(|o| matches!(o, Outcome::Processed(_))).count();
+        let duplicates = outcomes.iter().filter(|o| matches!(o, Outcome::Duplicate)).count();
+        assert_eq!((processed, duplicates), (1, 1), "round {i}: one winner, one Duplicate");
+    }
+    assert_eq!(t.count(Credit).await, rounds);
+    assert_eq!(t.count(InboxMessage).await, rounds);
+    assert_eq!(t.count(OutboxMessage).await, rounds);
+    let account = Account::find_by_id("acct".to_owned()).one(&t.db).await.unwrap().unwrap();
+    assert_eq!(account.balance, 10 * rounds as i64);
+}
+on_backends!(two_instances_racing_on_one_message_apply_it_once: sqlite, postgres, mysql);
+
+/// A redelivery after the first copy committed is a Duplicate by the fast path.
+async fn a_redelivered_message_is_applied_once(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let env = credit_envelope("redelivered", "acct", 10, None);
+    let handler = CreditHandler::default();
+    assert!(matches!(inbox.process(&env, &consumer, &handler).await.unwrap(), Outcome::Processed(_)));
+    assert_eq!(inbox.process(&env, &consumer, &handler).await.unwrap(), Outcome::Duplicate);
+    // Another consumer of the same message applies it independently (rule 2).
+    let audit = ConsumerName::parse("audit").unwrap();
+    assert!(matches!(inbox.process(&env, &audit, &handler).await.unwrap(), Outcome::Processed(_)));
+    assert_eq!(t.count(InboxMessage).await, 2);
+}
+on_backends!(a_redelivered_message_is_applied_once: sqlite, postgres);

@@ -1,0 +1,145 @@
+//! Shared test harness: a fresh database per test on a real server or file.
+//!
+//! PostgreSQL and MariaDB come from `scripts/services` (started by
+//! `scripts/test`), which exports their URLs; each test creates its own
+//! database there, so tests run in parallel without seeing each other.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use migration::{Migrator, MigratorTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait, Statement};
+use service::credits::{CreditRequest, REQUESTED_SUBJECT};
+use service::{Envelope, MessageId};
+
+/// The backends the suite runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+/// A fresh, migrated database.
+pub struct TestDb {
+    pub backend: Backend,
+    pub url: String,
+    pub db: DatabaseConnection,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn server_url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run the suite with `scripts/test`, which starts the database servers")
+    })
+}
+
+impl TestDb {
+    /// Creates an empty database on `backend` and applies the migrations.
+    pub async fn new(backend: Backend) -> Self {
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let (url, dir) = match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}?mode=rwc", dir.path().join("test.db").display());
+                (url, Some(dir))
+            }
+            Backend::Postgres => {
+                let base = server_url("SEAWALL_TEST_PG_URL");
+                create_database(&format!("{base}/postgres"), DbBackend::Postgres, &name).await;
+                (format!("{base}/{name}"), None)
+            }
+            Backend::MySql => {
+                let base = server_url("SEAWALL_TEST_MYSQL_URL");
+                create_database(&base, DbBackend::MySql, &name).await;
+                (format!("{base}/{name}"), None)
+            }
+        };
+        let db = connect(&url, 20).await;
+        Migrator::up(&db, None).await.expect("migrations apply");
+        Self {
+            backend,
+            url,
+            db,
+            _dir: dir,
+        }
+    }
+
+    /// Another, independent pool on the same database (a second "instance").
+    pub async fn second_pool(&self) -> DatabaseConnection {
+        connect(&self.url, 20).await
+    }
+
+    /// Counts rows of an entity.
+    pub async fn count<E: EntityTrait>(&self, _entity: E) -> u64
+    where
+        E::Model: Send + Sync,
+    {
+        E::find().count(&self.db).await.expect("count")
+    }
+}
+
+pub async fn connect(url: &str, max: u32) -> DatabaseConnection {
+    service::db::connect(url, max).await.expect("connect to the test database")
+}
+
+async fn create_database(admin_url: &str, backend: DbBackend, name: &str) {
+    let admin = sea_orm::Database::connect(admin_url).await.expect("connect to the test server");
+    admin
+        .execute_raw(Statement::from_string(backend, format!("CREATE DATABASE {name}")))
+        .await
+        .expect("create test database");
+    admin.close().await.ok();
+}
+
+/// A `credits.requested` envelope.
+pub fn credit_envelope(id: &str, account: &str, amount: i64, reference: Option<&str>) -> Envelope {
+    let req = CreditRequest {
+        account_id: account.into(),
+        amount,
+        reference: reference.map(Into::into),
+    };
+    Envelope::new(
+        MessageId::parse(id).expect("valid id"),
+        REQUESTED_SUBJECT,
+        serde_json::to_vec(&req).expect("json"),
+    )
+}
+
+/// Polls `check` until it is true, failing the test after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Generates one `#[tokio::test]` per listed backend, calling `$body(Backend)`.
+#[macro_export]
+macro_rules! on_backends {
+    ($name:ident: $($backend:ident),+) => {
+        mod $name {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $backend() {
+                    super::$name($crate::support::backend_named(stringify!($backend))).await;
+                }
+            )+
+        }
+    };
+}
+
+pub fn backend_named(name: &str) -> Backend {
+    match name {
+        "sqlite" => Backend::Sqlite,
+        "postgres" => Backend::Postgres,
+        "mysql" => Backend::MySql,
+        other => panic!("unknown backend {other}"),
+    }
+}
