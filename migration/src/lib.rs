@@ -17,6 +17,7 @@ mod m20261130_000001_create_inbox_message;
 mod m20261130_000002_create_outbox_message;
 mod m20261130_000003_create_dead_letter;
 mod m20261130_000004_create_demo_domain;
+mod m20261130_000005_create_outbox_notify_trigger;
 
 /// Applies seawall's migrations in order. Already applied ones are skipped,
 /// so running it at every start-up is safe.
@@ -30,6 +31,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000002_create_outbox_message::Migration),
             Box::new(m20261130_000003_create_dead_letter::Migration),
             Box::new(m20261130_000004_create_demo_domain::Migration),
+            Box::new(m20261130_000005_create_outbox_notify_trigger::Migration),
         ]
     }
 }

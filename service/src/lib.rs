@@ -12,19 +12,24 @@
 //! - [`executor`]: [`Executor`], which re-runs whole transactions on transient errors.
 //! - [`classify`]: what a database error means, per backend.
 //! - [`credits`]: the demo domain, as the example of domain logic.
+//! - [`registry`]: which handler consumes which subject.
+//! - [`dead_letter`]: recording messages a consumer gave up on.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
 pub mod classify;
 pub mod credits;
 pub mod db;
+pub mod dead_letter;
 pub mod envelope;
 mod error;
 pub mod executor;
 pub mod inbox;
 pub mod outbox;
+pub mod registry;
 
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError};
 pub use executor::{Executor, RetryPolicy, Unit};
 pub use inbox::{Handle, Inbox, Outcome};
 pub use outbox::{NewEvent, Outbox};
+pub use registry::{Registration, Registry};

@@ -1,1 +1,23 @@
+//! seawall's long-running loops: the outbox relay and the JetStream consumer.
+//!
+//! Each loop takes a cancellation token, finishes the unit in flight when it
+//! fires, and exposes one step (`Relay::relay_once`, `Consumer::handle`) so
+//! tests can drive it deterministically.
+//!
+//! # Layout
+//! - [`relay`]: outbox rows -> JetStream, with leases, pipelining and ordering keys.
+//! - [`consumer`]: JetStream -> inbox handlers -> ack / nak / dead letter.
+//! - [`streams`]: stream provisioning and the duplicate-window check.
+//! - [`notify`]: PostgreSQL `LISTEN/NOTIFY` wake-ups for the relay.
+//! - [`drain`]: wait until everything in flight has settled (for tests).
 
+pub mod consumer;
+pub mod drain;
+pub mod notify;
+pub mod relay;
+pub mod streams;
+
+pub use consumer::{Consumer, ConsumerConfig};
+pub use drain::drain;
+pub use relay::{Relay, RelayConfig, RelayReport};
+pub use streams::{StreamSpec, check_duplicate_window, ensure_stream};

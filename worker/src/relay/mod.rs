@@ -1,0 +1,266 @@
+//! The outbox relay: publishes committed outbox rows to JetStream.
+//!
+//! Each row is published with `Nats-Msg-Id` = its message id and marked
+//! published only after the PubAck. A crash between the two republishes the
+//! row after its lease; JetStream's duplicate window drops the copy, which is
+//! why the window must be longer than the lease (checked at start-up by
+//! [`crate::streams::check_duplicate_window`]).
+
+mod store;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use futures::future::join_all;
+use sea_orm::{DatabaseConnection, DbBackend, DbErr};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use entity::outbox_message;
+
+pub use store::pending_count;
+
+/// Set `SEAWALL_FAULT` to this to make a relay abort right after the PubAcks
+/// of a batch and before marking the rows published (crash tests).
+pub const FAULT_AFTER_PUBACK: &str = "relay-after-puback";
+
+/// Relay settings.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Name of this relay instance, recorded in `locked_by`.
+    pub instance: String,
+    /// Rows claimed per round.
+    pub batch_size: u64,
+    /// How long a claim is exclusive; a crashed relay's rows wait this long.
+    pub lease: Duration,
+    /// Failed publishes before a row is marked dead.
+    pub max_attempts: i32,
+    /// Poll interval when nothing wakes the relay.
+    pub poll_interval: Duration,
+    /// First backoff after a failed publish; doubles per attempt.
+    pub retry_base: Duration,
+    /// Longest backoff.
+    pub retry_max: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            instance: format!("relay-{}", uuid_like()),
+            batch_size: 500,
+            lease: Duration::from_secs(30),
+            max_attempts: 10,
+            poll_interval: Duration::from_secs(1),
+            retry_base: Duration::from_millis(200),
+            retry_max: Duration::from_secs(60),
+        }
+    }
+}
+
+fn uuid_like() -> String {
+    format!("{}-{:x}", std::process::id(), rand_suffix())
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows acknowledged by JetStream and marked published.
+    pub published: usize,
+    /// Rows whose publish failed (attempt recorded).
+    pub failed: usize,
+    /// Rows that reached the attempt limit in this round.
+    pub dead: usize,
+}
+
+/// Errors that stop a relay round (publish failures are per row, not errors).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The database failed.
+    #[error("outbox relay database error: {0}")]
+    Database(#[from] DbErr),
+}
+
+/// Publishes outbox rows to JetStream.
+#[derive(Clone)]
+pub struct Relay {
+    db: DatabaseConnection,
+    js: jetstream::Context,
+    config: RelayConfig,
+    wake: Arc<Notify>,
+    fault_after_puback: bool,
+}
+
+impl Relay {
+    /// A relay woken by `wake` (give the same `Notify` to the executor with
+    /// [`service::Executor::with_commit_signal`] for in-process wake-ups).
+    pub fn new(db: DatabaseConnection, js: jetstream::Context, config: RelayConfig, wake: Arc<Notify>) -> Self {
+        let fault_after_puback = std::env::var("SEAWALL_FAULT").is_ok_and(|f| f == FAULT_AFTER_PUBACK);
+        Self {
+            db,
+            js,
+            config,
+            wake,
+            fault_after_puback,
+        }
+    }
+
+    /// One round: claim a batch, publish it pipelined, record the results.
+    ///
+    /// # Errors
+    /// A database error; publish failures are recorded on the rows instead.
+    #[tracing::instrument(name = "relay.round", skip_all, fields(instance = %self.config.instance))]
+    pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
+        let me = self.config.instance.as_str();
+        let rows = store::claim(&self.db, me, self.config.lease, self.config.batch_size).await?;
+        let mut report = RelayReport {
+            claimed: rows.len(),
+            ..RelayReport::default()
+        };
+        if rows.is_empty() {
+            return Ok(report);
+        }
+        // Rows sharing an ordering key are published one after another (each
+        // waits for the previous PubAck); everything else is in flight at once.
+        let mut chains: BTreeMap<String, Vec<outbox_message::Model>> = BTreeMap::new();
+        let mut singles = Vec::new();
+        for row in rows {
+            match row.ordering_key.clone() {
+                Some(key) => chains.entry(key).or_default().push(row),
+                None => singles.push(vec![row]),
+            }
+        }
+        let results = join_all(chains.into_values().chain(singles).map(|chain| self.publish_chain(chain))).await;
+        if self.fault_after_puback {
+            tracing::error!("fault injection: aborting after PubAck, before marking rows published");
+            std::process::abort();
+        }
+        let mut published = Vec::new();
+        let mut released = Vec::new();
+        for chain in results {
+            published.extend(chain.published);
+            released.extend(chain.skipped);
+            if let Some((row, error)) = chain.failed {
+                report.failed += 1;
+                let retry_after = self.backoff(row.attempts);
+                if store::mark_failed(&self.db, me, &row, &error, retry_after, self.config.max_attempts).await? {
+                    report.dead += 1;
+                    tracing::error!(message_id = %row.message_id, subject = %row.subject, %error, "outbox row is dead after its attempt limit");
+                } else {
+                    tracing::warn!(message_id = %row.message_id, subject = %row.subject, %error, ?retry_after, "publish failed; will retry");
+                }
+            }
+        }
+        report.published = usize::try_from(store::mark_published(&self.db, me, published).await?).unwrap_or(usize::MAX);
+        store::release(&self.db, me, released).await?;
+        Ok(report)
+    }
+
+    async fn publish_chain(&self, chain: Vec<outbox_message::Model>) -> ChainResult {
+        let mut result = ChainResult::default();
+        let mut rows = chain.into_iter();
+        for row in rows.by_ref() {
+            match self.publish(&row).await {
+                Ok(()) => result.published.push(row.id),
+                Err(error) => {
+                    result.failed = Some((row, error));
+                    break;
+                }
+            }
+        }
+        result.skipped = rows.map(|r| r.id).collect();
+        result
+    }
+
+    async fn publish(&self, row: &outbox_message::Model) -> Result<(), String> {
+        let ack: PublishAckFuture = self
+            .js
+            .send_publish(row.subject.clone(), publish_message(row))
+            .await
+            .map_err(|e| format!("publish to {}: {e}", row.subject))?;
+        ack.await.map_err(|e| format!("PubAck for {}: {e}", row.subject))?;
+        Ok(())
+    }
+
+    fn backoff(&self, attempts_so_far: i32) -> Duration {
+        let exp = u32::try_from(attempts_so_far.clamp(0, 16)).unwrap_or(16);
+        self.config.retry_base.saturating_mul(1 << exp).min(self.config.retry_max)
+    }
+
+    /// Runs rounds until `cancel` fires. Rounds follow each other at once while
+    /// batches come back full; otherwise the relay sleeps until this process
+    /// commits outbox rows, PostgreSQL notifies a commit elsewhere, or the poll
+    /// interval passes. The round in flight is finished before returning.
+    ///
+    /// # Errors
+    /// Never for database trouble (logged and retried after the poll
+    /// interval); only if the PostgreSQL listener cannot be set up at all.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), RelayError> {
+        let _listener = if self.db.get_database_backend() == DbBackend::Postgres {
+            Some(crate::notify::spawn_pg_listener(&self.db, self.wake.clone(), cancel.clone()))
+        } else {
+            None
+        };
+        tracing::info!(instance = %self.config.instance, "outbox relay started");
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let full = match self.relay_once().await {
+                Ok(report) => {
+                    if report.claimed > 0 {
+                        tracing::debug!(?report, "relay round");
+                    }
+                    report.claimed as u64 >= self.config.batch_size
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "relay round failed; retrying after the poll interval");
+                    false
+                }
+            };
+            if full {
+                continue;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+        tracing::info!(instance = %self.config.instance, "outbox relay stopped");
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct ChainResult {
+    published: Vec<i64>,
+    failed: Option<(outbox_message::Model, String)>,
+    skipped: Vec<i64>,
+}
+
+/// Builds the NATS message for a row: its headers plus `Nats-Msg-Id`.
+pub fn publish_message(row: &outbox_message::Model) -> PublishMessage {
+    let mut headers = HeaderMap::new();
+    if let Some(map) = row.headers.as_object() {
+        for (name, value) in map {
+            if let Some(value) = value.as_str() {
+                headers.insert(name.as_str(), value);
+            }
+        }
+    }
+    PublishMessage::build()
+        .headers(headers)
+        .payload(row.payload.clone().into())
+        .message_id(&row.message_id)
+}

@@ -1,0 +1,195 @@
+//! The relay's database side: claiming, marking and releasing outbox rows.
+//!
+//! Rows are claimed with a lease (`locked_by`, `locked_until`) so that a
+//! crashed relay's rows are picked up by another after the lease runs out;
+//! the claim itself runs with `FOR UPDATE SKIP LOCKED` where the backend has it
+//! (PostgreSQL, MySQL), so concurrent relays take disjoint batches instead of
+//! queueing on each other, and in a `BEGIN IMMEDIATE` transaction on SQLite.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType};
+use sea_orm::{
+    ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+
+use entity::outbox_message::{self, Column};
+
+/// Chrono duration from std, saturating (leases and backoffs are small).
+pub(crate) fn span(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// Claims up to `limit` publishable rows for `me` until `now + lease`.
+///
+/// A row with an ordering key is only claimed together with every earlier
+/// unpublished row of its key, so a key's rows are never in flight from two
+/// relays at once and never overtake an earlier row that is leased elsewhere,
+/// backing off, or still being claimed by a concurrent transaction.
+pub(crate) async fn claim(
+    db: &DatabaseConnection,
+    me: &str,
+    lease: Duration,
+    limit: u64,
+) -> Result<Vec<outbox_message::Model>, DbErr> {
+    let now = Utc::now();
+    let backend = db.get_database_backend();
+    let txn = db
+        .begin_with_options(TransactionOptions {
+            isolation_level: None,
+            access_mode: None,
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+        })
+        .await?;
+    let mut query = outbox_message::Entity::find()
+        .select_only()
+        .column(Column::Id)
+        .column(Column::OrderingKey)
+        .filter(Column::PublishedAt.is_null())
+        .filter(Column::DeadAt.is_null())
+        .filter(Column::NextAttemptAt.lte(now))
+        .filter(
+            Condition::any()
+                .add(Column::LockedUntil.is_null())
+                .add(Column::LockedUntil.lt(now)),
+        )
+        .order_by_asc(Column::Id)
+        .limit(limit);
+    if backend != DbBackend::Sqlite {
+        query = query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    }
+    let candidates: Vec<(i64, Option<String>)> = query.into_tuple().all(&txn).await?;
+    let ids = keep_key_prefixes(&txn, candidates).await?;
+    if ids.is_empty() {
+        txn.commit().await?;
+        return Ok(Vec::new());
+    }
+    outbox_message::Entity::update_many()
+        .col_expr(Column::LockedBy, Expr::value(me))
+        .col_expr(Column::LockedUntil, Expr::value(now + span(lease)))
+        .filter(Column::Id.is_in(ids.clone()))
+        .exec(&txn)
+        .await?;
+    txn.commit().await?;
+    outbox_message::Entity::find()
+        .filter(Column::Id.is_in(ids))
+        .filter(Column::LockedBy.eq(me))
+        .order_by_asc(Column::Id)
+        .all(db)
+        .await
+}
+
+/// Drops keyed candidates that do not form an unbroken prefix of their key's
+/// unpublished rows.
+async fn keep_key_prefixes<C: sea_orm::ConnectionTrait>(
+    conn: &C,
+    candidates: Vec<(i64, Option<String>)>,
+) -> Result<Vec<i64>, DbErr> {
+    let keys: HashSet<&String> = candidates.iter().filter_map(|(_, k)| k.as_ref()).collect();
+    if keys.is_empty() {
+        return Ok(candidates.into_iter().map(|(id, _)| id).collect());
+    }
+    let max_id = candidates.iter().map(|(id, _)| *id).max().unwrap_or(0);
+    let pending: Vec<(i64, Option<String>)> = outbox_message::Entity::find()
+        .select_only()
+        .column(Column::Id)
+        .column(Column::OrderingKey)
+        .filter(Column::OrderingKey.is_in(keys.iter().map(|k| k.as_str())))
+        .filter(Column::PublishedAt.is_null())
+        .filter(Column::DeadAt.is_null())
+        .filter(Column::Id.lte(max_id))
+        .order_by_asc(Column::Id)
+        .into_tuple()
+        .all(conn)
+        .await?;
+    let mine: HashSet<i64> = candidates.iter().map(|(id, _)| *id).collect();
+    // For each key, the candidates up to the first pending row that is not ours.
+    let mut open: HashMap<&str, bool> = HashMap::new();
+    let mut allowed = HashSet::new();
+    for (id, key) in &pending {
+        let Some(key) = key.as_deref() else { continue };
+        let still_open = open.entry(key).or_insert(true);
+        if *still_open && mine.contains(id) {
+            allowed.insert(*id);
+        } else {
+            *still_open = false;
+        }
+    }
+    Ok(candidates
+        .into_iter()
+        .filter(|(id, key)| key.is_none() || allowed.contains(id))
+        .map(|(id, _)| id)
+        .collect())
+}
+
+/// Marks rows JetStream acknowledged as published (if `me` still holds them).
+pub(crate) async fn mark_published(db: &DatabaseConnection, me: &str, ids: Vec<i64>) -> Result<u64, DbErr> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let res = outbox_message::Entity::update_many()
+        .col_expr(Column::PublishedAt, Expr::value(Utc::now()))
+        .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
+        .col_expr(Column::LockedUntil, Expr::value(Option::<DateTime<Utc>>::None))
+        .filter(Column::Id.is_in(ids))
+        .filter(Column::LockedBy.eq(me))
+        .exec(db)
+        .await?;
+    Ok(res.rows_affected)
+}
+
+/// Records a failed publish: one more attempt, the error, a backoff, and
+/// `dead_at` once the attempt limit is reached.
+pub(crate) async fn mark_failed(
+    db: &DatabaseConnection,
+    me: &str,
+    row: &outbox_message::Model,
+    error: &str,
+    retry_after: Duration,
+    max_attempts: i32,
+) -> Result<bool, DbErr> {
+    let now = Utc::now();
+    let attempts = row.attempts.saturating_add(1);
+    let dead = attempts >= max_attempts;
+    outbox_message::Entity::update_many()
+        .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
+        .col_expr(Column::LastError, Expr::value(error))
+        .col_expr(Column::NextAttemptAt, Expr::value(now + span(retry_after)))
+        .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
+        .col_expr(Column::LockedUntil, Expr::value(Option::<DateTime<Utc>>::None))
+        .col_expr(Column::DeadAt, Expr::value(dead.then_some(now)))
+        .filter(Column::Id.eq(row.id))
+        .filter(Column::LockedBy.eq(me))
+        .exec(db)
+        .await?;
+    Ok(dead)
+}
+
+/// Gives rows back without counting an attempt (a key's later rows after an
+/// earlier one failed, or rows left when shutting down).
+pub(crate) async fn release(db: &DatabaseConnection, me: &str, ids: Vec<i64>) -> Result<(), DbErr> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    outbox_message::Entity::update_many()
+        .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
+        .col_expr(Column::LockedUntil, Expr::value(Option::<DateTime<Utc>>::None))
+        .filter(Column::Id.is_in(ids))
+        .filter(Column::LockedBy.eq(me))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Rows not yet published and not dead: what "drained" waits for.
+pub async fn pending_count(db: &DatabaseConnection) -> Result<u64, DbErr> {
+    use sea_orm::PaginatorTrait;
+    outbox_message::Entity::find()
+        .filter(Column::PublishedAt.is_null())
+        .filter(Column::DeadAt.is_null())
+        .count(db)
+        .await
+}

@@ -1,0 +1,91 @@
+//! Stream provisioning and the duplicate-window check.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+/// A stream the worker creates or updates at start-up.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Stream name (`CREDITS`).
+    pub name: String,
+    /// Subjects it captures (`credits.>`).
+    pub subjects: Vec<String>,
+    /// JetStream's dedupe window for `Nats-Msg-Id`.
+    pub duplicate_window: Duration,
+    /// How long messages are kept (zero: unlimited).
+    pub max_age: Duration,
+    /// Replicas (1 on a single server, 3 on a cluster).
+    pub replicas: usize,
+}
+
+/// Stream set-up and checks failing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// The server refused the create or update.
+    #[error("creating or updating stream {name}: {message}")]
+    Provision {
+        /// Stream.
+        name: String,
+        /// Server's reason.
+        message: String,
+    },
+    /// The dedupe window would let a republished row through.
+    #[error(
+        "stream {name} has a duplicate window of {window:?}, shorter than the relay lease of {lease:?}: a row republished after a relay crash could be delivered twice; raise SEAWALL_DUPLICATE_WINDOW_MS or lower the lease"
+    )]
+    WindowTooShort {
+        /// Stream.
+        name: String,
+        /// Its configured window.
+        window: Duration,
+        /// The relay lease.
+        lease: Duration,
+    },
+}
+
+/// Creates the stream or updates it to `spec`, idempotently.
+///
+/// # Errors
+/// [`StreamError::Provision`] with the server's reason.
+pub async fn ensure_stream(js: &jetstream::Context, spec: &StreamSpec) -> Result<stream::Info, StreamError> {
+    let config = stream::Config {
+        name: spec.name.clone(),
+        subjects: spec.subjects.clone(),
+        duplicate_window: spec.duplicate_window,
+        max_age: spec.max_age,
+        num_replicas: spec.replicas,
+        ..Default::default()
+    };
+    js.create_or_update_stream(config).await.map_err(|e| StreamError::Provision {
+        name: spec.name.clone(),
+        message: e.to_string(),
+    })
+}
+
+/// Reads the stream's configured duplicate window back and refuses one
+/// shorter than `lease` (rows are republished only after their lease ran out).
+///
+/// # Errors
+/// [`StreamError::WindowTooShort`], or [`StreamError::Provision`] if the stream
+/// cannot be read.
+pub async fn check_duplicate_window(js: &jetstream::Context, name: &str, lease: Duration) -> Result<Duration, StreamError> {
+    let mut stream = js.get_stream(name).await.map_err(|e| StreamError::Provision {
+        name: name.to_owned(),
+        message: e.to_string(),
+    })?;
+    let info = stream.info().await.map_err(|e| StreamError::Provision {
+        name: name.to_owned(),
+        message: e.to_string(),
+    })?;
+    let window = info.config.duplicate_window;
+    if window < lease {
+        return Err(StreamError::WindowTooShort {
+            name: name.to_owned(),
+            window,
+            lease,
+        });
+    }
+    Ok(window)
+}
