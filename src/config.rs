@@ -24,6 +24,11 @@ pub struct Settings {
     pub duplicate_window_ms: u64,
     pub demo_work_ms: u64,
     pub notify_webhook_url: Option<String>,
+    pub relay_lease_ms: u64,
+    pub relay_batch_size: u64,
+    pub relay_poll_ms: u64,
+    pub consumer_concurrency: usize,
+    pub stream_replicas: usize,
 }
 
 /// The keys read from the environment (others with the prefix are ignored, so
@@ -39,6 +44,11 @@ const KEYS: &[&str] = &[
     "duplicate_window_ms",
     "demo_work_ms",
     "notify_webhook_url",
+    "relay_lease_ms",
+    "relay_batch_size",
+    "relay_poll_ms",
+    "consumer_concurrency",
+    "stream_replicas",
 ];
 
 impl Default for Settings {
@@ -54,6 +64,11 @@ impl Default for Settings {
             duplicate_window_ms: 120_000,
             demo_work_ms: 0,
             notify_webhook_url: None,
+            relay_lease_ms: 30_000,
+            relay_batch_size: 500,
+            relay_poll_ms: 1_000,
+            consumer_concurrency: 16,
+            stream_replicas: 1,
         }
     }
 }
@@ -154,6 +169,17 @@ impl Settings {
         }
         if self.max_deliver < 1 {
             return Err(invalid("max_deliver", "must be at least 1"));
+        }
+        for (key, value) in [
+            ("relay_lease_ms", self.relay_lease_ms),
+            ("relay_batch_size", self.relay_batch_size),
+            ("relay_poll_ms", self.relay_poll_ms),
+            ("consumer_concurrency", self.consumer_concurrency as u64),
+            ("stream_replicas", self.stream_replicas as u64),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
         }
         if self.duplicate_window_ms == 0 {
             return Err(invalid("duplicate_window_ms", "must be at least 1"));

@@ -4,6 +4,8 @@
 mod config;
 mod demo;
 mod load;
+mod publish;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +36,14 @@ enum Command {
     /// Push synthetic credit requests through the inbox, each several times;
     /// prints a JSON summary. Run several at once to contend across processes.
     Load(load::LoadArgs),
+    /// Everything in one process: migrations, outbox relay, consumers.
+    Run,
+    /// Only the outbox relay (several may run against one database).
+    Relay,
+    /// Only the JetStream consumers (several may share one durable consumer).
+    Consume,
+    /// Publish demo `credits.requested` messages to JetStream.
+    Publish(publish::PublishArgs),
 }
 
 #[tokio::main]
@@ -76,6 +86,25 @@ async fn run() -> Result<()> {
                 .context("applying migrations")?;
             demo::run(db).await?;
         }
+        Command::Run | Command::Relay | Command::Consume => {
+            let roles = match cli.command {
+                Command::Relay => serve::Roles {
+                    relay: true,
+                    consume: false,
+                },
+                Command::Consume => serve::Roles {
+                    relay: false,
+                    consume: true,
+                },
+                _ => serve::Roles {
+                    relay: true,
+                    consume: true,
+                },
+            };
+            let db = connect(&settings.database_url, settings.db_max_connections).await?;
+            serve::serve(settings, db, roles).await?;
+        }
+        Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
         Command::Load(args) => {
             let db = connect(&settings.database_url, settings.db_max_connections).await?;
             Migrator::up(&db, None)

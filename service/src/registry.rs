@@ -50,7 +50,12 @@ impl Registry {
 
     /// Registers `handler` as `consumer` of `subject`. Several consumers may
     /// read the same subject; each applies a message once for itself.
-    pub fn register<T, H>(mut self, consumer: ConsumerName, subject: impl Into<String>, handler: H) -> Self
+    pub fn register<T, H>(
+        mut self,
+        consumer: ConsumerName,
+        subject: impl Into<String>,
+        handler: H,
+    ) -> Self
     where
         T: Send + 'static,
         H: Handle<T> + 'static,
@@ -88,6 +93,9 @@ where
         txn: &'a DatabaseTransaction,
         envelope: &'a Envelope,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        self.inner.handle(txn, envelope).map(|r| r.map(|_| ())).boxed()
+        self.inner
+            .handle(txn, envelope)
+            .map(|r| r.map(|_| ()))
+            .boxed()
     }
 }

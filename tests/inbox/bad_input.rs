@@ -18,8 +18,16 @@ fn empty_and_oversized_identifiers_are_rejected_with_a_reason() {
     assert_eq!(empty.to_string(), "message id is empty");
     let long = MessageId::parse("x".repeat(MAX_MESSAGE_ID_LEN + 1)).unwrap_err();
     assert!(long.to_string().contains("the limit is 200"), "{long}");
-    assert_eq!(ConsumerName::parse("").unwrap_err().to_string(), "consumer name is empty");
-    assert!(ConsumerName::parse("has space").unwrap_err().to_string().contains("invalid"));
+    assert_eq!(
+        ConsumerName::parse("").unwrap_err().to_string(),
+        "consumer name is empty"
+    );
+    assert!(
+        ConsumerName::parse("has space")
+            .unwrap_err()
+            .to_string()
+            .contains("invalid")
+    );
 }
 
 async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
@@ -34,8 +42,16 @@ async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
         })
     });
     let env = credit_envelope("panics", "acct", 100, None);
-    let err = inbox.process(&env, &consumer, &panicking).await.unwrap_err();
-    let InboxError::Panicked { panic, message_id, .. } = &err else { panic!("expected Panicked, got {err:?}") };
+    let err = inbox
+        .process(&env, &consumer, &panicking)
+        .await
+        .unwrap_err();
+    let InboxError::Panicked {
+        panic, message_id, ..
+    } = &err
+    else {
+        panic!("expected Panicked, got {err:?}")
+    };
     assert_eq!(panic, "handler bug after the writes");
     assert_eq!(message_id, "panics");
     for n in [
@@ -48,7 +64,10 @@ async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
     }
     // The pool is still usable after the panic.
     let ok = credit_envelope("after-panic", "acct", 100, None);
-    inbox.process(&ok, &consumer, &service::credits::CreditHandler::default()).await.unwrap();
+    inbox
+        .process(&ok, &consumer, &service::credits::CreditHandler::default())
+        .await
+        .unwrap();
     assert_eq!(t.count(Credit).await, 1);
 }
 on_backends!(a_panicking_handler_is_reported_and_leaves_no_rows: sqlite, postgres);
@@ -57,10 +76,23 @@ async fn a_malformed_payload_is_rejected_without_rows(backend: Backend) {
     let t = TestDb::new(backend).await;
     let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
-    let env = service::Envelope::new(MessageId::parse("bad-json").unwrap(), "credits.requested", &b"{not json"[..]);
-    let err = inbox.process(&env, &consumer, &service::credits::CreditHandler::default()).await.unwrap_err();
-    assert!(matches!(err, InboxError::Rejected { .. }) && err.is_permanent(), "{err}");
-    assert!(err.to_string().contains("malformed credit request"), "{err}");
+    let env = service::Envelope::new(
+        MessageId::parse("bad-json").unwrap(),
+        "credits.requested",
+        &b"{not json"[..],
+    );
+    let err = inbox
+        .process(&env, &consumer, &service::credits::CreditHandler::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, InboxError::Rejected { .. }) && err.is_permanent(),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("malformed credit request"),
+        "{err}"
+    );
     assert_eq!(t.count(InboxMessage).await, 0);
 }
 on_backends!(a_malformed_payload_is_rejected_without_rows: sqlite, postgres);

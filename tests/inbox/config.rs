@@ -14,7 +14,10 @@ fn seawall(args: &[&str], env: &[(&str, &str)]) -> Output {
 fn fails_naming(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure");
-    assert!(stderr.contains(needle), "stderr should name {needle}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "stderr should name {needle}: {stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
@@ -26,7 +29,10 @@ fn a_non_numeric_setting_stops_startup_naming_the_key() {
 
 #[test]
 fn an_unsupported_database_url_stops_startup_naming_the_key() {
-    let out = seawall(&["migrate"], &[("SEAWALL_DATABASE_URL", "redis://localhost")]);
+    let out = seawall(
+        &["migrate"],
+        &[("SEAWALL_DATABASE_URL", "redis://localhost")],
+    );
     fails_naming(&out, "database_url");
 }
 
@@ -50,6 +56,10 @@ fn migrate_is_idempotent() {
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("m.db").display());
     for _ in 0..2 {
         let out = seawall(&["migrate"], &[("SEAWALL_DATABASE_URL", &url)]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

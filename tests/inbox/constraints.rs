@@ -15,9 +15,20 @@ async fn a_business_unique_violation_is_an_error_not_a_duplicate(backend: Backen
     let handler = CreditHandler::default();
     let first = credit_envelope("ref-a", "acct", 100, Some("invoice-7"));
     let second = credit_envelope("ref-b", "acct", 100, Some("invoice-7"));
-    assert!(matches!(inbox.process(&first, &consumer, &handler).await.unwrap(), Outcome::Processed(_)));
-    let err = inbox.process(&second, &consumer, &handler).await.unwrap_err();
-    let InboxError::Constraint { constraint, message_id, .. } = &err else {
+    assert!(matches!(
+        inbox.process(&first, &consumer, &handler).await.unwrap(),
+        Outcome::Processed(_)
+    ));
+    let err = inbox
+        .process(&second, &consumer, &handler)
+        .await
+        .unwrap_err();
+    let InboxError::Constraint {
+        constraint,
+        message_id,
+        ..
+    } = &err
+    else {
         panic!("expected a constraint error, got {err:?}");
     };
     let expected = match backend {
@@ -26,9 +37,16 @@ async fn a_business_unique_violation_is_an_error_not_a_duplicate(backend: Backen
     };
     assert_eq!(constraint, expected);
     assert_eq!(message_id, "ref-b");
-    assert!(err.to_string().contains(expected), "the message names the constraint: {err}");
+    assert!(
+        err.to_string().contains(expected),
+        "the message names the constraint: {err}"
+    );
     assert!(err.is_permanent());
-    assert_eq!(t.count(InboxMessage).await, 1, "no marker for the failed message");
+    assert_eq!(
+        t.count(InboxMessage).await,
+        1,
+        "no marker for the failed message"
+    );
     assert_eq!(t.count(Credit).await, 1);
 }
 on_backends!(a_business_unique_violation_is_an_error_not_a_duplicate: sqlite, postgres, mysql);

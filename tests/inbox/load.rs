@@ -26,7 +26,9 @@ async fn every_message_delivered_three_times_is_credited_once(backend: Backend) 
     let t = TestDb::new(backend).await;
     let inbox = Arc::new(Inbox::new(Executor::new(t.db.clone())));
     let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
-    let mut deliveries: Vec<u64> = (0..MESSAGES).flat_map(|i| std::iter::repeat_n(i, COPIES as usize)).collect();
+    let mut deliveries: Vec<u64> = (0..MESSAGES)
+        .flat_map(|i| std::iter::repeat_n(i, COPIES as usize))
+        .collect();
     deliveries.shuffle(&mut rand::rng());
     let queue = Arc::new(tokio::sync::Mutex::new(deliveries));
     let mut tasks = tokio::task::JoinSet::new();
@@ -35,9 +37,20 @@ async fn every_message_delivered_three_times_is_credited_once(backend: Backend) 
         tasks.spawn(async move {
             let (mut processed, mut duplicates) = (0u64, 0u64);
             loop {
-                let Some(i) = queue.lock().await.pop() else { break };
-                let env = credit_envelope(&format!("load-{i}"), &format!("acct-{}", i % ACCOUNTS), amount(i), None);
-                match inbox.process(&env, &consumer, &CreditHandler::default()).await.unwrap() {
+                let Some(i) = queue.lock().await.pop() else {
+                    break;
+                };
+                let env = credit_envelope(
+                    &format!("load-{i}"),
+                    &format!("acct-{}", i % ACCOUNTS),
+                    amount(i),
+                    None,
+                );
+                match inbox
+                    .process(&env, &consumer, &CreditHandler::default())
+                    .await
+                    .unwrap()
+                {
                     Outcome::Processed(_) => processed += 1,
                     Outcome::Duplicate => duplicates += 1,
                 }
@@ -58,10 +71,17 @@ async fn every_message_delivered_three_times_is_credited_once(backend: Backend) 
     assert_eq!(t.count(OutboxMessage).await, MESSAGES);
     let mut expected: HashMap<String, i64> = HashMap::new();
     for i in 0..MESSAGES {
-        *expected.entry(format!("acct-{}", i % ACCOUNTS)).or_default() += amount(i);
+        *expected
+            .entry(format!("acct-{}", i % ACCOUNTS))
+            .or_default() += amount(i);
     }
-    let actual: HashMap<String, i64> =
-        Account::find().all(&t.db).await.unwrap().into_iter().map(|a| (a.account_id, a.balance)).collect();
+    let actual: HashMap<String, i64> = Account::find()
+        .all(&t.db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.account_id, a.balance))
+        .collect();
     assert_eq!(actual, expected);
 }
 on_backends!(every_message_delivered_three_times_is_credited_once: sqlite, postgres);

@@ -33,9 +33,20 @@ async fn overlap(commit_first: bool) -> Option<Outcome<service::credits::CreditA
 
     let b = Inbox::new(Executor::new(t.second_pool().await)).with_fast_path(false);
     let (env_b, consumer_b) = (env.clone(), consumer.clone());
-    let task = tokio::spawn(async move { b.process(&env_b, &consumer_b, &CreditHandler::default()).await });
-    wait_until("B to wait on A's marker", std::time::Duration::from_secs(10), || blocked_on_a_lock(&t)).await;
-    assert!(!task.is_finished(), "B must wait while A's marker is uncommitted");
+    let task = tokio::spawn(async move {
+        b.process(&env_b, &consumer_b, &CreditHandler::default())
+            .await
+    });
+    wait_until(
+        "B to wait on A's marker",
+        std::time::Duration::from_secs(10),
+        || blocked_on_a_lock(&t),
+    )
+    .await;
+    assert!(
+        !task.is_finished(),
+        "B must wait while A's marker is uncommitted"
+    );
 
     if commit_first {
         txn.commit().await.unwrap();

@@ -46,16 +46,33 @@ async fn two_instances_racing_on_one_message_apply_it_once(backend: Backend) {
     let rounds = 10;
     for i in 0..rounds {
         let env = credit_envelope(&format!("race-{i}"), "acct", 10, None);
-        let (ra, rb) = tokio::join!(a.process(&env, &consumer, &handler), b.process(&env, &consumer, &handler));
+        let (ra, rb) = tokio::join!(
+            a.process(&env, &consumer, &handler),
+            b.process(&env, &consumer, &handler)
+        );
         let outcomes = [ra.unwrap(), rb.unwrap()];
-        let processed = outcomes.iter().filter(|o| matches!(o, Outcome::Processed(_))).count();
-        let duplicates = outcomes.iter().filter(|o| matches!(o, Outcome::Duplicate)).count();
-        assert_eq!((processed, duplicates), (1, 1), "round {i}: one winner, one Duplicate");
+        let processed = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Processed(_)))
+            .count();
+        let duplicates = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Duplicate))
+            .count();
+        assert_eq!(
+            (processed, duplicates),
+            (1, 1),
+            "round {i}: one winner, one Duplicate"
+        );
     }
     assert_eq!(t.count(Credit).await, rounds);
     assert_eq!(t.count(InboxMessage).await, rounds);
     assert_eq!(t.count(OutboxMessage).await, rounds);
-    let account = Account::find_by_id("acct".to_owned()).one(&t.db).await.unwrap().unwrap();
+    let account = Account::find_by_id("acct".to_owned())
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(account.balance, 10 * rounds as i64);
 }
 on_backends!(two_instances_racing_on_one_message_apply_it_once: sqlite, postgres, mysql);
@@ -67,11 +84,20 @@ async fn a_redelivered_message_is_applied_once(backend: Backend) {
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let env = credit_envelope("redelivered", "acct", 10, None);
     let handler = CreditHandler::default();
-    assert!(matches!(inbox.process(&env, &consumer, &handler).await.unwrap(), Outcome::Processed(_)));
-    assert_eq!(inbox.process(&env, &consumer, &handler).await.unwrap(), Outcome::Duplicate);
+    assert!(matches!(
+        inbox.process(&env, &consumer, &handler).await.unwrap(),
+        Outcome::Processed(_)
+    ));
+    assert_eq!(
+        inbox.process(&env, &consumer, &handler).await.unwrap(),
+        Outcome::Duplicate
+    );
     // Another consumer of the same message applies it independently (rule 2).
     let audit = ConsumerName::parse("audit").unwrap();
-    assert!(matches!(inbox.process(&env, &audit, &handler).await.unwrap(), Outcome::Processed(_)));
+    assert!(matches!(
+        inbox.process(&env, &audit, &handler).await.unwrap(),
+        Outcome::Processed(_)
+    ));
     assert_eq!(t.count(InboxMessage).await, 2);
 }
 on_backends!(a_redelivered_message_is_applied_once: sqlite, postgres);

@@ -44,8 +44,15 @@ async fn a_transient_error_reruns_the_whole_unit_once_more(backend: Backend) {
         })
     });
     let balance = executor.run(&work).await.unwrap();
-    assert_eq!(attempts.load(Ordering::SeqCst), 2, "one failed attempt, one retry");
-    assert_eq!(balance, 101, "the effect was applied once, on top of the concurrent change");
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "one failed attempt, one retry"
+    );
+    assert_eq!(
+        balance, 101,
+        "the effect was applied once, on top of the concurrent change"
+    );
 }
 on_backends!(a_transient_error_reruns_the_whole_unit_once_more: sqlite, postgres);
 

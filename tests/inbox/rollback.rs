@@ -55,7 +55,10 @@ async fn a_bulk_update_is_rolled_back_when_the_marker_is_rejected(backend: Backe
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     for (i, acct) in ["a", "b", "c"].iter().enumerate() {
         let env = credit_envelope(&format!("bulk-{i}"), acct, 100, None);
-        inbox.process(&env, &consumer, &CreditHandler::default()).await.unwrap();
+        inbox
+            .process(&env, &consumer, &CreditHandler::default())
+            .await
+            .unwrap();
     }
     // The redelivered copy of bulk-0: a unit bumps every balance with one
     // update_many, then records the marker, which the index rejects.
@@ -64,7 +67,10 @@ async fn a_bulk_update_is_rolled_back_when_the_marker_is_rejected(backend: Backe
         let (env, consumer) = (redelivered.clone(), consumer.clone());
         Box::pin(async move {
             let updated = account::Entity::update_many()
-                .col_expr(account::Column::Balance, Expr::col(account::Column::Balance).add(1_000))
+                .col_expr(
+                    account::Column::Balance,
+                    Expr::col(account::Column::Balance).add(1_000),
+                )
                 .filter(account::Column::Balance.gt(0))
                 .exec(txn)
                 .await?;
@@ -74,10 +80,25 @@ async fn a_bulk_update_is_rolled_back_when_the_marker_is_rejected(backend: Backe
         })
     });
     let err = inbox.executor().run(&bump).await.unwrap_err();
-    let HandlerError::Database(db_err) = err else { panic!("expected a database error") };
-    assert_eq!(service::classify::classify(&db_err), service::classify::Failure::InboxDuplicate);
-    let balances: Vec<i64> = Account::find().all(&t.db).await.unwrap().iter().map(|a| a.balance).collect();
-    assert_eq!(balances, vec![100, 100, 100], "the bulk update did not survive the rejection");
+    let HandlerError::Database(db_err) = err else {
+        panic!("expected a database error")
+    };
+    assert_eq!(
+        service::classify::classify(&db_err),
+        service::classify::Failure::InboxDuplicate
+    );
+    let balances: Vec<i64> = Account::find()
+        .all(&t.db)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.balance)
+        .collect();
+    assert_eq!(
+        balances,
+        vec![100, 100, 100],
+        "the bulk update did not survive the rejection"
+    );
 }
 on_backends!(a_bulk_update_is_rolled_back_when_the_marker_is_rejected: sqlite, postgres);
 
@@ -99,12 +120,21 @@ async fn a_retry_after_a_failed_unit_starts_from_a_clean_transaction(backend: Ba
     assert!(matches!(err, InboxError::Handler { .. }));
     // The redelivery succeeds. Had the first attempt's writes leaked, the
     // reference would collide and the balance would be 200.
-    let outcome = inbox.process(&env, &consumer, &CreditHandler::default()).await.unwrap();
-    let Outcome::Processed(applied) = outcome else { panic!("expected Processed") };
+    let outcome = inbox
+        .process(&env, &consumer, &CreditHandler::default())
+        .await
+        .unwrap();
+    let Outcome::Processed(applied) = outcome else {
+        panic!("expected Processed")
+    };
     assert_eq!(applied.balance, 100);
     assert_eq!(t.count(Credit).await, 1);
     assert_eq!(t.count(OutboxMessage).await, 1);
-    let credits = Credit::find().filter(credit::Column::Reference.eq("first-attempt")).all(&t.db).await.unwrap();
+    let credits = Credit::find()
+        .filter(credit::Column::Reference.eq("first-attempt"))
+        .all(&t.db)
+        .await
+        .unwrap();
     assert_eq!(credits.len(), 1);
 }
 on_backends!(a_retry_after_a_failed_unit_starts_from_a_clean_transaction: sqlite, postgres);

@@ -16,7 +16,15 @@ async fn three_processes_share_one_sqlite_file_and_apply_each_message_once() {
     let mut children = Vec::new();
     for _ in 0..3 {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seawall"))
-            .args(["load", "--messages", &MESSAGES.to_string(), "--copies", "2", "--workers", "4"])
+            .args([
+                "load",
+                "--messages",
+                &MESSAGES.to_string(),
+                "--copies",
+                "2",
+                "--workers",
+                "4",
+            ])
             .args(["--accounts", "5", "--prefix", "mp"])
             .env("SEAWALL_DATABASE_URL", &t.url)
             .stdout(Stdio::piped())
@@ -35,11 +43,20 @@ async fn three_processes_share_one_sqlite_file_and_apply_each_message_once() {
         processed += summary["processed"].as_u64().unwrap();
         duplicates += summary["duplicates"].as_u64().unwrap();
     }
-    assert_eq!(processed, MESSAGES, "each message processed by exactly one process");
+    assert_eq!(
+        processed, MESSAGES,
+        "each message processed by exactly one process"
+    );
     assert_eq!(duplicates, MESSAGES * 6 - MESSAGES);
     assert_eq!(t.count(Credit).await, MESSAGES);
     assert_eq!(t.count(InboxMessage).await, MESSAGES);
-    let total: i64 = Account::find().all(&t.db).await.unwrap().iter().map(|a| a.balance).sum();
+    let total: i64 = Account::find()
+        .all(&t.db)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.balance)
+        .sum();
     let expected: i64 = (0..MESSAGES).map(|i| (i % 97 + 1) as i64).sum();
     assert_eq!(total, expected);
 }

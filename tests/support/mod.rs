@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use migration::{Migrator, MigratorTrait};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait, Statement};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait, Statement,
+};
 use service::credits::{CreditRequest, REQUESTED_SUBJECT};
 use service::{Envelope, MessageId};
 
@@ -31,7 +33,9 @@ pub struct TestDb {
 
 fn server_url(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: run the suite with `scripts/test`, which starts the database servers")
+        panic!(
+            "{var} is not set: run the suite with `scripts/test`, which starts the database servers"
+        )
     })
 }
 
@@ -81,13 +85,20 @@ impl TestDb {
 }
 
 pub async fn connect(url: &str, max: u32) -> DatabaseConnection {
-    service::db::connect(url, max).await.expect("connect to the test database")
+    service::db::connect(url, max)
+        .await
+        .expect("connect to the test database")
 }
 
 async fn create_database(admin_url: &str, backend: DbBackend, name: &str) {
-    let admin = sea_orm::Database::connect(admin_url).await.expect("connect to the test server");
+    let admin = sea_orm::Database::connect(admin_url)
+        .await
+        .expect("connect to the test server");
     admin
-        .execute_raw(Statement::from_string(backend, format!("CREATE DATABASE {name}")))
+        .execute_raw(Statement::from_string(
+            backend,
+            format!("CREATE DATABASE {name}"),
+        ))
         .await
         .expect("create test database");
     admin.close().await.ok();
@@ -115,7 +126,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

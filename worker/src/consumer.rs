@@ -78,7 +78,12 @@ pub struct Consumer {
 
 impl Consumer {
     /// A consumer for `registration`.
-    pub fn new(inbox: Inbox, js: jetstream::Context, registration: Registration, config: ConsumerConfig) -> Self {
+    pub fn new(
+        inbox: Inbox,
+        js: jetstream::Context,
+        registration: Registration,
+        config: ConsumerConfig,
+    ) -> Self {
         Self {
             inbox,
             js,
@@ -100,8 +105,14 @@ impl Consumer {
     ///
     /// # Errors
     /// [`ConsumerError::Setup`].
-    pub async fn ensure(&self) -> Result<jetstream::consumer::Consumer<pull::Config>, ConsumerError> {
-        let stream = self.js.get_stream(&self.config.stream).await.map_err(|e| self.setup_error(e))?;
+    pub async fn ensure(
+        &self,
+    ) -> Result<jetstream::consumer::Consumer<pull::Config>, ConsumerError> {
+        let stream = self
+            .js
+            .get_stream(&self.config.stream)
+            .await
+            .map_err(|e| self.setup_error(e))?;
         let name = self.registration.consumer.to_string();
         stream
             .create_consumer(pull::Config {
@@ -231,7 +242,10 @@ impl Consumer {
 
     fn nak_delay(&self, delivered: i64) -> Duration {
         let exp = u32::try_from(delivered.clamp(1, 16) - 1).unwrap_or(0);
-        self.config.nak_base.saturating_mul(1 << exp).min(self.config.nak_max)
+        self.config
+            .nak_base
+            .saturating_mul(1 << exp)
+            .min(self.config.nak_max)
     }
 
     async fn dead_letter(
@@ -260,7 +274,9 @@ impl Consumer {
             }
             Err(err) => {
                 tracing::error!(error = %err, reason, "could not record the dead letter; nak instead");
-                let _ = msg.ack_with(AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(self.nak_delay(delivered))))
+                    .await;
             }
         }
     }

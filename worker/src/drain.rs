@@ -8,7 +8,9 @@ use sea_orm::DatabaseConnection;
 
 /// What was still moving when [`drain`] gave up.
 #[derive(Debug, thiserror::Error)]
-#[error("not drained after {timeout:?}: {pending_outbox} outbox rows pending, {consumer_backlog} messages unacknowledged")]
+#[error(
+    "not drained after {timeout:?}: {pending_outbox} outbox rows pending, {consumer_backlog} messages unacknowledged"
+)]
 pub struct DrainTimeout {
     /// The timeout.
     pub timeout: Duration,
@@ -35,7 +37,10 @@ pub async fn drain(
         let pending_outbox = crate::relay::pending_count(db).await.unwrap_or(u64::MAX);
         let mut consumer_backlog = 0u64;
         for name in consumers {
-            consumer_backlog += match js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(*name, stream).await {
+            consumer_backlog += match js
+                .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(*name, stream)
+                .await
+            {
                 Ok(mut c) => match c.info().await {
                     Ok(info) => info.num_pending + info.num_ack_pending as u64,
                     Err(_) => u64::MAX / 4,

@@ -18,7 +18,11 @@ pub const OUTBOX_CHANNEL: &str = "seawall_outbox";
 
 /// Listens on [`OUTBOX_CHANNEL`] and wakes `wake` per notification. Lost
 /// connections are re-established; meanwhile polling covers the gap.
-pub fn spawn_pg_listener(db: &DatabaseConnection, wake: Arc<Notify>, cancel: CancellationToken) -> JoinHandle<()> {
+pub fn spawn_pg_listener(
+    db: &DatabaseConnection,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
     let pool = db.get_postgres_connection_pool().clone();
     tokio::spawn(async move {
         loop {

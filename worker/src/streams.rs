@@ -49,7 +49,10 @@ pub enum StreamError {
 ///
 /// # Errors
 /// [`StreamError::Provision`] with the server's reason.
-pub async fn ensure_stream(js: &jetstream::Context, spec: &StreamSpec) -> Result<stream::Info, StreamError> {
+pub async fn ensure_stream(
+    js: &jetstream::Context,
+    spec: &StreamSpec,
+) -> Result<stream::Info, StreamError> {
     let config = stream::Config {
         name: spec.name.clone(),
         subjects: spec.subjects.clone(),
@@ -58,10 +61,12 @@ pub async fn ensure_stream(js: &jetstream::Context, spec: &StreamSpec) -> Result
         num_replicas: spec.replicas,
         ..Default::default()
     };
-    js.create_or_update_stream(config).await.map_err(|e| StreamError::Provision {
-        name: spec.name.clone(),
-        message: e.to_string(),
-    })
+    js.create_or_update_stream(config)
+        .await
+        .map_err(|e| StreamError::Provision {
+            name: spec.name.clone(),
+            message: e.to_string(),
+        })
 }
 
 /// Reads the stream's configured duplicate window back and refuses one
@@ -70,11 +75,18 @@ pub async fn ensure_stream(js: &jetstream::Context, spec: &StreamSpec) -> Result
 /// # Errors
 /// [`StreamError::WindowTooShort`], or [`StreamError::Provision`] if the stream
 /// cannot be read.
-pub async fn check_duplicate_window(js: &jetstream::Context, name: &str, lease: Duration) -> Result<Duration, StreamError> {
-    let mut stream = js.get_stream(name).await.map_err(|e| StreamError::Provision {
-        name: name.to_owned(),
-        message: e.to_string(),
-    })?;
+pub async fn check_duplicate_window(
+    js: &jetstream::Context,
+    name: &str,
+    lease: Duration,
+) -> Result<Duration, StreamError> {
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .map_err(|e| StreamError::Provision {
+            name: name.to_owned(),
+            message: e.to_string(),
+        })?;
     let info = stream.info().await.map_err(|e| StreamError::Provision {
         name: name.to_owned(),
         message: e.to_string(),

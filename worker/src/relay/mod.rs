@@ -104,8 +104,14 @@ pub struct Relay {
 impl Relay {
     /// A relay woken by `wake` (give the same `Notify` to the executor with
     /// [`service::Executor::with_commit_signal`] for in-process wake-ups).
-    pub fn new(db: DatabaseConnection, js: jetstream::Context, config: RelayConfig, wake: Arc<Notify>) -> Self {
-        let fault_after_puback = std::env::var("SEAWALL_FAULT").is_ok_and(|f| f == FAULT_AFTER_PUBACK);
+    pub fn new(
+        db: DatabaseConnection,
+        js: jetstream::Context,
+        config: RelayConfig,
+        wake: Arc<Notify>,
+    ) -> Self {
+        let fault_after_puback =
+            std::env::var("SEAWALL_FAULT").is_ok_and(|f| f == FAULT_AFTER_PUBACK);
         Self {
             db,
             js,
@@ -140,9 +146,17 @@ impl Relay {
                 None => singles.push(vec![row]),
             }
         }
-        let results = join_all(chains.into_values().chain(singles).map(|chain| self.publish_chain(chain))).await;
+        let results = join_all(
+            chains
+                .into_values()
+                .chain(singles)
+                .map(|chain| self.publish_chain(chain)),
+        )
+        .await;
         if self.fault_after_puback {
-            tracing::error!("fault injection: aborting after PubAck, before marking rows published");
+            tracing::error!(
+                "fault injection: aborting after PubAck, before marking rows published"
+            );
             std::process::abort();
         }
         let mut published = Vec::new();
@@ -153,7 +167,16 @@ impl Relay {
             if let Some((row, error)) = chain.failed {
                 report.failed += 1;
                 let retry_after = self.backoff(row.attempts);
-                if store::mark_failed(&self.db, me, &row, &error, retry_after, self.config.max_attempts).await? {
+                if store::mark_failed(
+                    &self.db,
+                    me,
+                    &row,
+                    &error,
+                    retry_after,
+                    self.config.max_attempts,
+                )
+                .await?
+                {
                     report.dead += 1;
                     tracing::error!(message_id = %row.message_id, subject = %row.subject, %error, "outbox row is dead after its attempt limit");
                 } else {
@@ -161,7 +184,8 @@ impl Relay {
                 }
             }
         }
-        report.published = usize::try_from(store::mark_published(&self.db, me, published).await?).unwrap_or(usize::MAX);
+        report.published = usize::try_from(store::mark_published(&self.db, me, published).await?)
+            .unwrap_or(usize::MAX);
         store::release(&self.db, me, released).await?;
         Ok(report)
     }
@@ -188,13 +212,17 @@ impl Relay {
             .send_publish(row.subject.clone(), publish_message(row))
             .await
             .map_err(|e| format!("publish to {}: {e}", row.subject))?;
-        ack.await.map_err(|e| format!("PubAck for {}: {e}", row.subject))?;
+        ack.await
+            .map_err(|e| format!("PubAck for {}: {e}", row.subject))?;
         Ok(())
     }
 
     fn backoff(&self, attempts_so_far: i32) -> Duration {
         let exp = u32::try_from(attempts_so_far.clamp(0, 16)).unwrap_or(16);
-        self.config.retry_base.saturating_mul(1 << exp).min(self.config.retry_max)
+        self.config
+            .retry_base
+            .saturating_mul(1 << exp)
+            .min(self.config.retry_max)
     }
 
     /// Runs rounds until `cancel` fires. Rounds follow each other at once while
@@ -207,7 +235,11 @@ impl Relay {
     /// interval); only if the PostgreSQL listener cannot be set up at all.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), RelayError> {
         let _listener = if self.db.get_database_backend() == DbBackend::Postgres {
-            Some(crate::notify::spawn_pg_listener(&self.db, self.wake.clone(), cancel.clone()))
+            Some(crate::notify::spawn_pg_listener(
+                &self.db,
+                self.wake.clone(),
+                cancel.clone(),
+            ))
         } else {
             None
         };

@@ -126,14 +126,21 @@ async fn keep_key_prefixes<C: sea_orm::ConnectionTrait>(
 }
 
 /// Marks rows JetStream acknowledged as published (if `me` still holds them).
-pub(crate) async fn mark_published(db: &DatabaseConnection, me: &str, ids: Vec<i64>) -> Result<u64, DbErr> {
+pub(crate) async fn mark_published(
+    db: &DatabaseConnection,
+    me: &str,
+    ids: Vec<i64>,
+) -> Result<u64, DbErr> {
     if ids.is_empty() {
         return Ok(0);
     }
     let res = outbox_message::Entity::update_many()
         .col_expr(Column::PublishedAt, Expr::value(Utc::now()))
         .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
-        .col_expr(Column::LockedUntil, Expr::value(Option::<DateTime<Utc>>::None))
+        .col_expr(
+            Column::LockedUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
         .filter(Column::Id.is_in(ids))
         .filter(Column::LockedBy.eq(me))
         .exec(db)
@@ -159,7 +166,10 @@ pub(crate) async fn mark_failed(
         .col_expr(Column::LastError, Expr::value(error))
         .col_expr(Column::NextAttemptAt, Expr::value(now + span(retry_after)))
         .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
-        .col_expr(Column::LockedUntil, Expr::value(Option::<DateTime<Utc>>::None))
+        .col_expr(
+            Column::LockedUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
         .col_expr(Column::DeadAt, Expr::value(dead.then_some(now)))
         .filter(Column::Id.eq(row.id))
         .filter(Column::LockedBy.eq(me))
@@ -176,7 +186,10 @@ pub(crate) async fn release(db: &DatabaseConnection, me: &str, ids: Vec<i64>) ->
     }
     outbox_message::Entity::update_many()
         .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
-        .col_expr(Column::LockedUntil, Expr::value(Option::<DateTime<Utc>>::None))
+        .col_expr(
+            Column::LockedUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
         .filter(Column::Id.is_in(ids))
         .filter(Column::LockedBy.eq(me))
         .exec(db)

@@ -1,0 +1,154 @@
+//! Wiring for the long-running commands (`run`, `relay`, `consume`): connect,
+//! provision, start the loops, and stop them cleanly on SIGINT/SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream;
+use migration::{Migrator, MigratorTrait};
+use sea_orm::DatabaseConnection;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use service::credits::{CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT};
+use service::{ConsumerName, Executor, Inbox, Registry};
+use worker::{Consumer, ConsumerConfig, Relay, RelayConfig, StreamSpec};
+
+use crate::config::Settings;
+
+/// Which loops a process runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Roles {
+    pub relay: bool,
+    pub consume: bool,
+}
+
+/// The demo service's consumers. A team's fork registers its own here.
+pub fn registry(settings: &Settings) -> Result<Registry> {
+    Ok(Registry::new().register(
+        ConsumerName::parse(CREDIT_CONSUMER)?,
+        REQUESTED_SUBJECT,
+        CreditHandler {
+            work: Duration::from_millis(settings.demo_work_ms),
+        },
+    ))
+}
+
+/// The streams this worker provisions.
+pub fn streams(settings: &Settings) -> Vec<StreamSpec> {
+    vec![StreamSpec {
+        name: CREDITS_STREAM.into(),
+        subjects: vec!["credits.>".into()],
+        duplicate_window: Duration::from_millis(settings.duplicate_window_ms),
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        replicas: settings.stream_replicas,
+    }]
+}
+
+/// Connects to NATS, naming the URL when it is unreachable.
+pub async fn connect_nats(url: &str) -> Result<async_nats::Client> {
+    async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .with_context(|| format!("connecting to NATS at {url}"))
+}
+
+/// Runs the given roles until SIGINT/SIGTERM.
+pub async fn serve(settings: &Settings, db: DatabaseConnection, roles: Roles) -> Result<()> {
+    Migrator::up(&db, None)
+        .await
+        .context("applying migrations")?;
+    let client = connect_nats(&settings.nats_url).await?;
+    let js = jetstream::new(client);
+    let lease = Duration::from_millis(settings.relay_lease_ms);
+    for spec in streams(settings) {
+        worker::ensure_stream(&js, &spec).await?;
+        worker::check_duplicate_window(&js, &spec.name, lease).await?;
+    }
+    let wake = Arc::new(Notify::new());
+    let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
+    let cancel = CancellationToken::new();
+    let mut tasks: JoinSet<Result<()>> = JoinSet::new();
+    if roles.relay {
+        let relay = Relay::new(
+            db.clone(),
+            js.clone(),
+            RelayConfig {
+                lease,
+                batch_size: settings.relay_batch_size,
+                poll_interval: Duration::from_millis(settings.relay_poll_ms),
+                ..RelayConfig::default()
+            },
+            wake.clone(),
+        );
+        let cancel = cancel.clone();
+        tasks.spawn(async move { Ok(relay.run(cancel).await?) });
+    }
+    if roles.consume {
+        let config = ConsumerConfig {
+            stream: CREDITS_STREAM.into(),
+            ack_wait: Duration::from_millis(settings.ack_wait_ms),
+            max_deliver: settings.max_deliver,
+            concurrency: settings.consumer_concurrency,
+            ..ConsumerConfig::default()
+        };
+        for registration in registry(settings)?.registrations() {
+            let consumer = Consumer::new(
+                inbox.clone(),
+                js.clone(),
+                registration.clone(),
+                config.clone(),
+            );
+            consumer.ensure().await?;
+            let cancel = cancel.clone();
+            tasks.spawn(async move { Ok(consumer.run(cancel).await?) });
+        }
+    }
+    eprintln!(
+        "seawall is running (relay: {}, consume: {}); Ctrl-C to stop",
+        roles.relay, roles.consume
+    );
+    let mut failure = None;
+    tokio::select! {
+        () = shutdown_signal() => tracing::info!("shutdown requested"),
+        Some(res) = tasks.join_next() => {
+            failure = Some(res.context("worker task panicked").and_then(|r| r));
+        }
+    }
+    cancel.cancel();
+    while let Some(res) = tasks.join_next().await {
+        if let Err(err) = res.context("worker task panicked").and_then(|r| r) {
+            tracing::error!(error = %format!("{err:#}"), "worker task failed");
+        }
+    }
+    match failure {
+        Some(Err(err)) => Err(err),
+        _ => Ok(()),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
