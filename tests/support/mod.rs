@@ -157,3 +157,6 @@ pub fn backend_named(name: &str) -> Backend {
         other => panic!("unknown backend {other}"),
     }
 }
+
+pub mod nats;
+pub mod process;

@@ -1,0 +1,12 @@
+//! Message flow tests: a real nats-server (one per test), SQLite files and
+//! PostgreSQL, with seawall running in-process or as separate processes.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod e2e;
+mod helpers;
+mod poison;
+mod races;
+mod relay;
+mod shutdown;

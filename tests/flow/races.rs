@@ -1,0 +1,72 @@
+//! Tests 2 and 10: redeliveries and republished copies reaching two consumer
+//! processes at once.
+
+use std::time::Duration;
+
+use entity::prelude::*;
+
+use crate::helpers::{applied_events_once_each, credits_stream, drain, env, publish_credits, req};
+use crate::support::nats::NatsServer;
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb};
+
+/// Test 2: the ack wait is shorter than the handler's work, so JetStream
+/// redelivers each message to the other process while the first still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    let slow = [("SEAWALL_DEMO_WORK_MS", "1500"), ("SEAWALL_ACK_WAIT_MS", "400"), ("SEAWALL_MAX_DELIVER", "20")];
+    let mut a = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &slow));
+    let mut b = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &slow));
+    let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &[]));
+    let msgs: Vec<_> = (0..10).map(|i| (format!("seed-{i}"), req("acct", 7))).collect();
+    publish_credits(&js, &msgs).await;
+    crate::helpers::wait_for_rows::<Credit>(&t.db, 10, Duration::from_secs(60)).await;
+    drain(&t.db, &js, Duration::from_secs(60)).await;
+
+    let mut consumer = js.get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>("credit", "CREDITS").await.unwrap();
+    let info = consumer.info().await.unwrap();
+    assert!(info.num_redelivered > 0 || info.delivered.consumer_sequence > 10, "the race was set up: copies were redelivered");
+    assert_eq!(t.count(Credit).await, 10);
+    assert_eq!(t.count(InboxMessage).await, 10);
+    assert_eq!(t.count(DeadLetter).await, 0);
+    assert_eq!(applied_events_once_each(&js).await, 10);
+    for p in [&mut a, &mut b, &mut relay] {
+        assert!(p.terminate().await.success());
+        p.assert_no_panic();
+    }
+}
+
+/// Test 10: the same id published three times (0, 500 and 50 ms apart) with a
+/// 100 ms dedupe window, so copies get past JetStream to two consumers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_past_the_broker_dedupe_window_are_applied_once() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &credits_stream(Duration::from_millis(100))).await.unwrap();
+    let cfg = [("SEAWALL_DUPLICATE_WINDOW_MS", "100"), ("SEAWALL_RELAY_LEASE_MS", "90")];
+    let mut a = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &cfg));
+    let mut b = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &cfg));
+    let msgs: Vec<_> = (0..100).map(|i| (format!("copy-{i}"), req(&format!("acct-{}", i % 7), 3))).collect();
+    publish_credits(&js, &msgs).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    publish_credits(&js, &msgs).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    publish_credits(&js, &msgs).await;
+
+    let requested = crate::helpers::stored_on(&js, service::credits::REQUESTED_SUBJECT).await;
+    assert!(requested.len() > 100, "copies got past the dedupe window ({} stored)", requested.len());
+    crate::helpers::wait_for_rows::<Credit>(&t.db, 100, Duration::from_secs(60)).await;
+    drain(&t.db, &js, Duration::from_secs(60)).await;
+    assert_eq!(t.count(Credit).await, 100);
+    assert_eq!(t.count(DeadLetter).await, 0);
+    assert_eq!(applied_events_once_each(&js).await, 100);
+    for p in [&mut a, &mut b] {
+        assert!(p.terminate().await.success());
+        p.assert_no_panic();
+    }
+}

@@ -1,0 +1,70 @@
+//! `seawall` child processes for black-box tests, killed on drop.
+
+use std::process::{ExitStatus, Stdio};
+
+use tokio::process::{Child, Command};
+
+pub struct Seawall {
+    child: Child,
+    pub log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Seawall {
+    /// Starts `seawall <args>` with the given environment (plus `SEAWALL_LOG=info`).
+    pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("seawall.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_seawall"));
+        cmd.args(args)
+            .env("SEAWALL_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Self {
+            child: cmd.spawn().expect("spawn seawall"),
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill").arg(sig).arg(self.pid().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub async fn terminate(&mut self) -> ExitStatus {
+        self.signal("-TERM");
+        self.child.wait().await.unwrap()
+    }
+
+    /// SIGKILL, then waits for the exit.
+    pub async fn kill9(&mut self) {
+        self.signal("-KILL");
+        let _ = self.child.wait().await;
+    }
+
+    /// Waits for the process to exit on its own.
+    pub async fn wait(&mut self) -> ExitStatus {
+        self.child.wait().await.unwrap()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Asserts the process has not panicked.
+    pub fn assert_no_panic(&self) {
+        let log = self.log_text();
+        assert!(!log.contains("panicked"), "seawall panicked:\n{log}");
+    }
+}
