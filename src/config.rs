@@ -27,6 +27,7 @@ pub struct Settings {
     pub relay_lease_ms: u64,
     pub relay_batch_size: u64,
     pub relay_poll_ms: u64,
+    pub relay_max_attempts: u64,
     pub consumer_concurrency: usize,
     pub stream_replicas: usize,
 }
@@ -47,6 +48,7 @@ const KEYS: &[&str] = &[
     "relay_lease_ms",
     "relay_batch_size",
     "relay_poll_ms",
+    "relay_max_attempts",
     "consumer_concurrency",
     "stream_replicas",
 ];
@@ -67,6 +69,7 @@ impl Default for Settings {
             relay_lease_ms: 30_000,
             relay_batch_size: 500,
             relay_poll_ms: 1_000,
+            relay_max_attempts: 10,
             consumer_concurrency: 16,
             stream_replicas: 1,
         }
@@ -174,6 +177,7 @@ impl Settings {
             ("relay_lease_ms", self.relay_lease_ms),
             ("relay_batch_size", self.relay_batch_size),
             ("relay_poll_ms", self.relay_poll_ms),
+            ("relay_max_attempts", self.relay_max_attempts),
             ("consumer_concurrency", self.consumer_concurrency as u64),
             ("stream_replicas", self.stream_replicas as u64),
         ] {

@@ -152,7 +152,7 @@ async fn rollback(
     let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            service::credits::apply_credit(txn, &env.message_id, &req).await?;
+            service::credits::apply_credit(txn, &env.message_id, &req, None).await?;
             Err(HandlerError::Failed(
                 "the payment provider said no after the writes".into(),
             ))

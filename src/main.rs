@@ -44,6 +44,8 @@ enum Command {
     Consume,
     /// Publish demo `credits.requested` messages to JetStream.
     Publish(publish::PublishArgs),
+    /// Print row counts by table and state as JSON (pending, published, dead...).
+    Stats,
 }
 
 #[tokio::main]
@@ -105,6 +107,11 @@ async fn run() -> Result<()> {
             serve::serve(settings, db, roles).await?;
         }
         Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
+        Command::Stats => {
+            let db = connect(&settings.database_url, 1).await?;
+            let counts = service::stats::counts(&db).await.context("reading counts")?;
+            println!("{}", serde_json::to_string_pretty(&counts)?);
+        }
         Command::Load(args) => {
             let db = connect(&settings.database_url, settings.db_max_connections).await?;
             Migrator::up(&db, None)

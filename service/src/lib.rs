@@ -14,6 +14,7 @@
 //! - [`credits`]: the demo domain, as the example of domain logic.
 //! - [`registry`]: which handler consumes which subject.
 //! - [`dead_letter`]: recording messages a consumer gave up on.
+//! - [`stats`]: counts by table and state, for operators.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
 pub mod classify;
@@ -26,6 +27,7 @@ pub mod executor;
 pub mod inbox;
 pub mod outbox;
 pub mod registry;
+pub mod stats;
 
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError};

@@ -17,7 +17,9 @@ async fn a_thousand_requests_become_a_thousand_credits_and_events(backend: Backe
     let t = TestDb::new(backend).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
     let msgs: Vec<_> = (0..MESSAGES)
         .map(|i| (format!("e2e-{i}"), req(&format!("acct-{}", i % 10), 100)))
@@ -46,9 +48,13 @@ async fn relay_and_consumer_survive_a_nats_restart() {
     let t = TestDb::new(Backend::Sqlite).await;
     let mut nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
-    let first: Vec<_> = (0..100).map(|i| (format!("a-{i}"), req("acct", 1))).collect();
+    let first: Vec<_> = (0..100)
+        .map(|i| (format!("a-{i}"), req("acct", 1)))
+        .collect();
     publish_credits(&js, &first).await;
     crate::helpers::wait_for_rows::<Credit>(&t.db, 100, Duration::from_secs(60)).await;
 
@@ -59,12 +65,17 @@ async fn relay_and_consumer_survive_a_nats_restart() {
     let consumer = service::ConsumerName::parse("credit").unwrap();
     for i in 0..50 {
         let env = crate::support::credit_envelope(&format!("offline-{i}"), "acct", 1, None);
-        inbox.process(&env, &consumer, &service::credits::CreditHandler::default()).await.unwrap();
+        inbox
+            .process(&env, &consumer, &service::credits::CreditHandler::default())
+            .await
+            .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(500)).await; // let the relay hit the outage
     nats.restart().await;
     let js = nats.jetstream().await;
-    let second: Vec<_> = (0..100).map(|i| (format!("b-{i}"), req("acct", 1))).collect();
+    let second: Vec<_> = (0..100)
+        .map(|i| (format!("b-{i}"), req("acct", 1)))
+        .collect();
     publish_credits(&js, &second).await;
     crate::helpers::wait_for_rows::<Credit>(&t.db, 250, Duration::from_secs(90)).await;
     drain(&t.db, &js, Duration::from_secs(90)).await;
@@ -72,4 +83,43 @@ async fn relay_and_consumer_survive_a_nats_restart() {
     assert_eq!(applied_events_once_each(&js).await, 250);
     assert!(run.terminate().await.success(), "{}", run.log_text());
     run.assert_no_panic();
+}
+
+/// The W3C trace context of a request travels through the inbox, the outbox
+/// and the relay onto the event it caused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_trace_context_travels_from_request_to_event() {
+    let t = TestDb::new(Backend::Sqlite).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let payload = serde_json::to_vec(&req("acct", 5)).unwrap();
+    let msg = async_nats::jetstream::message::PublishMessage::build()
+        .payload(payload.into())
+        .message_id("traced-1")
+        .header("traceparent", parent);
+    js.send_publish("credits.requested", msg)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    crate::helpers::wait_for_rows::<Credit>(&t.db, 1, Duration::from_secs(30)).await;
+    drain(&t.db, &js, Duration::from_secs(30)).await;
+    let mut stream = js.get_stream("CREDITS").await.unwrap();
+    let last = stream.info().await.unwrap().state.last_sequence;
+    let event = stream.get_raw_message(last).await.unwrap();
+    assert_eq!(event.subject.as_str(), "credits.applied");
+    assert_eq!(
+        event
+            .headers
+            .get("traceparent")
+            .map(|v| v.to_string())
+            .as_deref(),
+        Some(parent)
+    );
+    assert!(run.terminate().await.success());
 }

@@ -39,7 +39,9 @@ pub async fn publish_credits(js: &jetstream::Context, msgs: &[(String, CreditReq
     let mut acks = Vec::new();
     for (id, req) in msgs {
         let payload = serde_json::to_vec(req).unwrap();
-        let msg = PublishMessage::build().payload(payload.into()).message_id(id);
+        let msg = PublishMessage::build()
+            .payload(payload.into())
+            .message_id(id);
         acks.push(js.send_publish(REQUESTED_SUBJECT, msg).await.unwrap());
     }
     for ack in acks {
@@ -53,7 +55,11 @@ pub async fn publish_raw(js: &jetstream::Context, id: Option<&str>, payload: &[u
     if let Some(id) = id {
         msg = msg.message_id(id);
     }
-    js.send_publish(REQUESTED_SUBJECT, msg).await.unwrap().await.unwrap();
+    js.send_publish(REQUESTED_SUBJECT, msg)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
 }
 
 /// Every message stored on `subject`, as (Nats-Msg-Id, payload), in stream order.
@@ -62,9 +68,15 @@ pub async fn stored_on(js: &jetstream::Context, subject: &str) -> Vec<(String, V
     let last = stream.info().await.unwrap().state.last_sequence;
     let mut out = Vec::new();
     for seq in 1..=last {
-        let Ok(msg) = stream.get_raw_message(seq).await else { continue };
+        let Ok(msg) = stream.get_raw_message(seq).await else {
+            continue;
+        };
         if msg.subject.as_str() == subject {
-            let id = msg.headers.get("Nats-Msg-Id").map(|v| v.to_string()).unwrap_or_default();
+            let id = msg
+                .headers
+                .get("Nats-Msg-Id")
+                .map(|v| v.to_string())
+                .unwrap_or_default();
             out.push((id, msg.payload.to_vec()));
         }
     }
@@ -79,7 +91,10 @@ pub async fn applied_events_once_each(js: &jetstream::Context) -> usize {
         *seen.entry(id.clone()).or_default() += 1;
     }
     let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(repeated.is_empty(), "events stored more than once: {repeated:?}");
+    assert!(
+        repeated.is_empty(),
+        "events stored more than once: {repeated:?}"
+    );
     events.len()
 }
 
@@ -90,12 +105,17 @@ where
     E::Model: Send + Sync,
 {
     let what = format!("{n} rows in {}", E::default().table_name());
-    crate::support::wait_until(&what, timeout, || async { E::find().count(db).await.unwrap_or(0) >= n }).await;
+    crate::support::wait_until(&what, timeout, || async {
+        E::find().count(db).await.unwrap_or(0) >= n
+    })
+    .await;
 }
 
 /// Drains the outbox and the `credit` consumer.
 pub async fn drain(db: &DatabaseConnection, js: &jetstream::Context, timeout: Duration) {
-    worker::drain(db, js, CREDITS_STREAM, &["credit"], timeout).await.unwrap();
+    worker::drain(db, js, CREDITS_STREAM, &["credit"], timeout)
+        .await
+        .unwrap();
 }
 
 pub fn req(account: &str, amount: i64) -> CreditRequest {

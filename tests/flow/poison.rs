@@ -19,7 +19,11 @@ use crate::helpers::{credits_stream, publish_credits, publish_raw, req, wait_for
 use crate::support::nats::NatsServer;
 use crate::support::{Backend, TestDb, wait_until};
 
-async fn start_consumers(t: &TestDb, js: &async_nats::jetstream::Context, registry: Registry) -> (CancellationToken, Vec<tokio::task::JoinHandle<()>>) {
+async fn start_consumers(
+    t: &TestDb,
+    js: &async_nats::jetstream::Context,
+    registry: Registry,
+) -> (CancellationToken, Vec<tokio::task::JoinHandle<()>>) {
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let config = ConsumerConfig {
         max_deliver: 3,
@@ -30,10 +34,17 @@ async fn start_consumers(t: &TestDb, js: &async_nats::jetstream::Context, regist
     let cancel = CancellationToken::new();
     let mut tasks = Vec::new();
     for registration in registry.registrations() {
-        let consumer = Consumer::new(inbox.clone(), js.clone(), registration.clone(), config.clone());
+        let consumer = Consumer::new(
+            inbox.clone(),
+            js.clone(),
+            registration.clone(),
+            config.clone(),
+        );
         consumer.ensure().await.unwrap();
         let cancel = cancel.clone();
-        tasks.push(tokio::spawn(async move { consumer.run(cancel).await.unwrap() }));
+        tasks.push(tokio::spawn(
+            async move { consumer.run(cancel).await.unwrap() },
+        ));
     }
     (cancel, tasks)
 }
@@ -43,22 +54,44 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
     let t = TestDb::new(Backend::Sqlite).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     let always_fails = handler(|_txn, _env| -> BoxFuture<'_, Result<(), HandlerError>> {
-        Box::pin(async { Err(HandlerError::Failed("the downstream service is down".into())) })
+        Box::pin(async {
+            Err(HandlerError::Failed(
+                "the downstream service is down".into(),
+            ))
+        })
     });
     let registry = Registry::new()
-        .register(ConsumerName::parse(CREDIT_CONSUMER).unwrap(), "credits.requested", CreditHandler::default())
-        .register(ConsumerName::parse("flaky").unwrap(), "credits.flaky", always_fails);
+        .register(
+            ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
+            "credits.requested",
+            CreditHandler::default(),
+        )
+        .register(
+            ConsumerName::parse("flaky").unwrap(),
+            "credits.flaky",
+            always_fails,
+        );
     let (cancel, tasks) = start_consumers(&t, &js, registry).await;
 
     publish_raw(&js, Some("bad-json"), b"{not json").await;
     publish_raw(&js, None, br#"{"account_id":"a","amount":5}"#).await;
     publish_raw(&js, Some("negative"), br#"{"account_id":"a","amount":-5}"#).await;
     publish_raw(&js, Some("fraction"), br#"{"account_id":"a","amount":1.5}"#).await;
-    let msg = async_nats::jetstream::message::PublishMessage::build().payload("{}".into()).message_id("flaky-1");
-    js.send_publish("credits.flaky", msg).await.unwrap().await.unwrap();
-    let good: Vec<_> = (0..20).map(|i| (format!("good-{i}"), req("acct", 10))).collect();
+    let msg = async_nats::jetstream::message::PublishMessage::build()
+        .payload("{}".into())
+        .message_id("flaky-1");
+    js.send_publish("credits.flaky", msg)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let good: Vec<_> = (0..20)
+        .map(|i| (format!("good-{i}"), req("acct", 10)))
+        .collect();
     publish_credits(&js, &good).await;
 
     wait_for_rows::<Credit>(&t.db, 20, Duration::from_secs(30)).await;
@@ -74,13 +107,36 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
             q.one(&db).await.unwrap().expect("a dead letter")
         }
     };
-    assert!(reason(Some("bad-json")).await.error.contains("malformed credit request"));
+    assert!(
+        reason(Some("bad-json"))
+            .await
+            .error
+            .contains("malformed credit request")
+    );
     assert!(reason(None).await.error.contains("no id"));
-    assert!(reason(Some("negative")).await.error.contains("positive integer"));
-    assert!(reason(Some("fraction")).await.error.contains("malformed credit request"));
+    assert!(
+        reason(Some("negative"))
+            .await
+            .error
+            .contains("positive integer")
+    );
+    assert!(
+        reason(Some("fraction"))
+            .await
+            .error
+            .contains("malformed credit request")
+    );
     let flaky = reason(Some("flaky-1")).await;
-    assert_eq!(flaky.deliveries, 3, "dead-lettered only after the configured deliveries");
-    assert!(flaky.error.contains("gave up after 3 deliveries") && flaky.error.contains("downstream service is down"), "{}", flaky.error);
+    assert_eq!(
+        flaky.deliveries, 3,
+        "dead-lettered only after the configured deliveries"
+    );
+    assert!(
+        flaky.error.contains("gave up after 3 deliveries")
+            && flaky.error.contains("downstream service is down"),
+        "{}",
+        flaky.error
+    );
     assert_eq!(flaky.consumer, "flaky");
     assert_eq!(flaky.payload, b"{}");
 
@@ -89,7 +145,11 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
         task.await.unwrap();
     }
     assert_eq!(t.count(Credit).await, 20);
-    assert_eq!(t.count(DeadLetter).await, 5, "nothing else was dead-lettered");
+    assert_eq!(
+        t.count(DeadLetter).await,
+        5,
+        "nothing else was dead-lettered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -97,12 +157,24 @@ async fn two_consumers_of_one_subject_each_apply_a_message_once() {
     let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     let registry = Registry::new()
-        .register(ConsumerName::parse(CREDIT_CONSUMER).unwrap(), "credits.requested", CreditHandler::default())
-        .register(ConsumerName::parse("mirror").unwrap(), "credits.requested", CreditHandler::default());
+        .register(
+            ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
+            "credits.requested",
+            CreditHandler::default(),
+        )
+        .register(
+            ConsumerName::parse("mirror").unwrap(),
+            "credits.requested",
+            CreditHandler::default(),
+        );
     let (cancel, tasks) = start_consumers(&t, &js, registry).await;
-    let msgs: Vec<_> = (0..50).map(|i| (format!("both-{i}"), req("acct", 1))).collect();
+    let msgs: Vec<_> = (0..50)
+        .map(|i| (format!("both-{i}"), req("acct", 1)))
+        .collect();
     publish_credits(&js, &msgs).await;
     publish_credits(&js, &msgs[..10]).await; // deduped by JetStream: still 50
     wait_for_rows::<InboxMessage>(&t.db, 100, Duration::from_secs(30)).await;

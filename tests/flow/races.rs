@@ -17,19 +17,35 @@ async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
     let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
-    let slow = [("SEAWALL_DEMO_WORK_MS", "1500"), ("SEAWALL_ACK_WAIT_MS", "400"), ("SEAWALL_MAX_DELIVER", "20")];
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let slow = [
+        ("SEAWALL_DEMO_WORK_MS", "1500"),
+        ("SEAWALL_ACK_WAIT_MS", "400"),
+        ("SEAWALL_MAX_DELIVER", "20"),
+    ];
     let mut a = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &slow));
     let mut b = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &slow));
     let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &[]));
-    let msgs: Vec<_> = (0..10).map(|i| (format!("seed-{i}"), req("acct", 7))).collect();
+    let msgs: Vec<_> = (0..10)
+        .map(|i| (format!("seed-{i}"), req("acct", 7)))
+        .collect();
     publish_credits(&js, &msgs).await;
     crate::helpers::wait_for_rows::<Credit>(&t.db, 10, Duration::from_secs(60)).await;
     drain(&t.db, &js, Duration::from_secs(60)).await;
 
-    let mut consumer = js.get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>("credit", "CREDITS").await.unwrap();
+    let mut consumer = js
+        .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+            "credit", "CREDITS",
+        )
+        .await
+        .unwrap();
     let info = consumer.info().await.unwrap();
-    assert!(info.num_redelivered > 0 || info.delivered.consumer_sequence > 10, "the race was set up: copies were redelivered");
+    assert!(
+        info.num_redelivered > 0 || info.delivered.consumer_sequence > 10,
+        "the race was set up: copies were redelivered"
+    );
     assert_eq!(t.count(Credit).await, 10);
     assert_eq!(t.count(InboxMessage).await, 10);
     assert_eq!(t.count(DeadLetter).await, 0);
@@ -47,11 +63,18 @@ async fn copies_past_the_broker_dedupe_window_are_applied_once() {
     let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_millis(100))).await.unwrap();
-    let cfg = [("SEAWALL_DUPLICATE_WINDOW_MS", "100"), ("SEAWALL_RELAY_LEASE_MS", "90")];
+    worker::ensure_stream(&js, &credits_stream(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    let cfg = [
+        ("SEAWALL_DUPLICATE_WINDOW_MS", "100"),
+        ("SEAWALL_RELAY_LEASE_MS", "90"),
+    ];
     let mut a = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &cfg));
     let mut b = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &cfg));
-    let msgs: Vec<_> = (0..100).map(|i| (format!("copy-{i}"), req(&format!("acct-{}", i % 7), 3))).collect();
+    let msgs: Vec<_> = (0..100)
+        .map(|i| (format!("copy-{i}"), req(&format!("acct-{}", i % 7), 3)))
+        .collect();
     publish_credits(&js, &msgs).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     publish_credits(&js, &msgs).await;
@@ -59,7 +82,11 @@ async fn copies_past_the_broker_dedupe_window_are_applied_once() {
     publish_credits(&js, &msgs).await;
 
     let requested = crate::helpers::stored_on(&js, service::credits::REQUESTED_SUBJECT).await;
-    assert!(requested.len() > 100, "copies got past the dedupe window ({} stored)", requested.len());
+    assert!(
+        requested.len() > 100,
+        "copies got past the dedupe window ({} stored)",
+        requested.len()
+    );
     crate::helpers::wait_for_rows::<Credit>(&t.db, 100, Duration::from_secs(60)).await;
     drain(&t.db, &js, Duration::from_secs(60)).await;
     assert_eq!(t.count(Credit).await, 100);

@@ -24,7 +24,8 @@ async fn enqueue_many(db: &DatabaseConnection, n: usize, prefix: &str) -> Vec<St
     let txn = db.begin().await.unwrap();
     let mut ids = Vec::new();
     for i in 0..n {
-        let event = NewEvent::new(SUBJECT, format!("{{\"n\":{i}}}")).with_message_id(format!("{prefix}-{i}"));
+        let event = NewEvent::new(SUBJECT, format!("{{\"n\":{i}}}"))
+            .with_message_id(format!("{prefix}-{i}"));
         ids.push(event.message_id.clone());
         Outbox::enqueue(&txn, event).await.unwrap();
     }
@@ -33,7 +34,10 @@ async fn enqueue_many(db: &DatabaseConnection, n: usize, prefix: &str) -> Vec<St
 }
 
 async fn wait_drained(db: &DatabaseConnection, timeout: Duration) {
-    wait_until("the outbox to drain", timeout, || async { worker::relay::pending_count(db).await.unwrap() == 0 }).await;
+    wait_until("the outbox to drain", timeout, || async {
+        worker::relay::pending_count(db).await.unwrap() == 0
+    })
+    .await;
 }
 
 fn unique_count(events: &[(String, Vec<u8>)]) -> usize {
@@ -52,14 +56,34 @@ async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(bac
     let t = TestDb::new(backend).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     enqueue_many(&t.db, 200, "crash").await;
     let lease = [("SEAWALL_RELAY_LEASE_MS", "1000")];
-    let mut crashing = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &[lease[0], ("SEAWALL_FAULT", worker::relay::FAULT_AFTER_PUBACK)]));
+    let mut crashing = Seawall::spawn(
+        &["relay"],
+        &env(
+            &t.url,
+            &nats.url(),
+            &[
+                lease[0],
+                ("SEAWALL_FAULT", worker::relay::FAULT_AFTER_PUBACK),
+            ],
+        ),
+    );
     let status = crashing.wait().await;
     assert!(!status.success(), "the fault point aborted the relay");
-    assert_eq!(worker::relay::pending_count(&t.db).await.unwrap(), 200, "nothing was marked published");
-    assert_eq!(stored_on(&js, SUBJECT).await.len(), 200, "but JetStream had them");
+    assert_eq!(
+        worker::relay::pending_count(&t.db).await.unwrap(),
+        200,
+        "nothing was marked published"
+    );
+    assert_eq!(
+        stored_on(&js, SUBJECT).await.len(),
+        200,
+        "but JetStream had them"
+    );
 
     let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &lease));
     wait_drained(&t.db, Duration::from_secs(30)).await;
@@ -76,7 +100,9 @@ async fn three_relays_share_the_outbox_and_survive_a_kill() {
     let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     // A plain subscriber sees every publish, including copies JetStream drops.
     let client = async_nats::connect(nats.url()).await.unwrap();
     let mut sub = client.subscribe(SUBJECT).await.unwrap();
@@ -84,27 +110,52 @@ async fn three_relays_share_the_outbox_and_survive_a_kill() {
     let counter = publishes.clone();
     let counting = tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
-            let id = msg.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.to_string()).unwrap_or_default();
+            let id = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| v.to_string())
+                .unwrap_or_default();
             *counter.lock().unwrap().entry(id).or_default() += 1;
         }
     });
     client.flush().await.unwrap();
 
     enqueue_many(&t.db, 5_000, "multi").await;
-    let cfg = [("SEAWALL_RELAY_LEASE_MS", "1000"), ("SEAWALL_RELAY_BATCH_SIZE", "100")];
-    let mut relays: Vec<Seawall> = (0..3).map(|_| Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &cfg))).collect();
-    wait_until("a fifth of the rows to be published", Duration::from_secs(60), || async {
-        worker::relay::pending_count(&t.db).await.unwrap() <= 4_000
-    })
+    let cfg = [
+        ("SEAWALL_RELAY_LEASE_MS", "1000"),
+        ("SEAWALL_RELAY_BATCH_SIZE", "100"),
+    ];
+    let mut relays: Vec<Seawall> = (0..3)
+        .map(|_| Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &cfg)))
+        .collect();
+    wait_until(
+        "a fifth of the rows to be published",
+        Duration::from_secs(60),
+        || async { worker::relay::pending_count(&t.db).await.unwrap() <= 4_000 },
+    )
     .await;
     relays[0].kill9().await;
     wait_drained(&t.db, Duration::from_secs(60)).await;
     assert_eq!(unique_count(&stored_on(&js, SUBJECT).await), 5_000);
 
-    wait_until("the subscriber to see every row", Duration::from_secs(10), || async { publishes.lock().unwrap().len() == 5_000 }).await;
-    let repeated = publishes.lock().unwrap().values().filter(|n| **n > 1).count();
+    wait_until(
+        "the subscriber to see every row",
+        Duration::from_secs(10),
+        || async { publishes.lock().unwrap().len() == 5_000 },
+    )
+    .await;
+    let repeated = publishes
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|n| **n > 1)
+        .count();
     // Only the killed relay's unfinished batch may be published twice.
-    assert!(repeated <= 100, "{repeated} rows were published more than once");
+    assert!(
+        repeated <= 100,
+        "{repeated} rows were published more than once"
+    );
     eprintln!("three relays, one killed: {repeated} of 5000 rows republished after the kill");
     counting.abort();
     for relay in &mut relays[1..] {
@@ -118,7 +169,9 @@ async fn events_with_an_ordering_key_arrive_in_commit_order(backend: Backend) {
     let t = TestDb::new(backend).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     let relays: Vec<Relay> = (0..3)
         .map(|i| {
             let config = RelayConfig {
@@ -175,7 +228,9 @@ async fn rows_committed_late_are_published_and_rolled_back_rows_never() {
     let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
     let wake = Arc::new(Notify::new());
     let relay = Relay::new(
         t.db.clone(),
@@ -194,26 +249,132 @@ async fn rows_committed_late_are_published_and_rolled_back_rows_never() {
     let mut txns = Vec::new();
     for name in ["t1", "t2", "t3", "t4"] {
         let txn = t.db.begin().await.unwrap();
-        Outbox::enqueue(&txn, NewEvent::new(SUBJECT, name).with_message_id(name)).await.unwrap();
+        Outbox::enqueue(&txn, NewEvent::new(SUBJECT, name).with_message_id(name))
+            .await
+            .unwrap();
         txns.push(txn);
     }
     let mut txns = txns.into_iter();
-    let (t1, t2, t3, t4) = (txns.next().unwrap(), txns.next().unwrap(), txns.next().unwrap(), txns.next().unwrap());
+    let (t1, t2, t3, t4) = (
+        txns.next().unwrap(),
+        txns.next().unwrap(),
+        txns.next().unwrap(),
+        txns.next().unwrap(),
+    );
     let published = |n: usize| {
         let js = js.clone();
         async move { stored_on(&js, SUBJECT).await.len() >= n }
     };
     t3.commit().await.unwrap();
-    wait_until("t3 to be published", Duration::from_secs(10), || published(1)).await;
+    wait_until("t3 to be published", Duration::from_secs(10), || {
+        published(1)
+    })
+    .await;
     t1.commit().await.unwrap();
-    wait_until("t1 to be published", Duration::from_secs(10), || published(2)).await;
+    wait_until("t1 to be published", Duration::from_secs(10), || {
+        published(2)
+    })
+    .await;
     t2.rollback().await.unwrap();
     t4.commit().await.unwrap();
-    wait_until("t4 to be published", Duration::from_secs(10), || published(3)).await;
+    wait_until("t4 to be published", Duration::from_secs(10), || {
+        published(3)
+    })
+    .await;
     wait_drained(&t.db, Duration::from_secs(10)).await;
     cancel.cancel();
     running.await.unwrap().unwrap();
-    let mut ids: Vec<String> = stored_on(&js, SUBJECT).await.into_iter().map(|(id, _)| id).collect();
+    let mut ids: Vec<String> = stored_on(&js, SUBJECT)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
     ids.sort();
     assert_eq!(ids, ["t1", "t3", "t4"]);
+}
+
+/// A row whose subject no stream captures keeps failing: each attempt is
+/// recorded with the error and a backoff, and the attempt limit marks it dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_row_without_a_stream_is_retried_then_marked_dead() {
+    let t = TestDb::new(Backend::Sqlite).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let txn = t.db.begin().await.unwrap();
+    Outbox::enqueue(
+        &txn,
+        NewEvent::new("nowhere.to.go", "x").with_message_id("lost-1"),
+    )
+    .await
+    .unwrap();
+    Outbox::enqueue(&txn, NewEvent::new(SUBJECT, "y").with_message_id("fine-1"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    let relay = Relay::new(
+        t.db.clone(),
+        js.clone(),
+        RelayConfig {
+            max_attempts: 3,
+            retry_base: Duration::from_millis(1),
+            retry_max: Duration::from_millis(5),
+            ..RelayConfig::default()
+        },
+        Arc::new(Notify::new()),
+    );
+    let mut dead = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while dead == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the row was never marked dead"
+        );
+        dead += relay.relay_once().await.unwrap().dead;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    use sea_orm::EntityTrait;
+    let rows = entity::outbox_message::Entity::find()
+        .all(&t.db)
+        .await
+        .unwrap();
+    let lost = rows.iter().find(|r| r.message_id == "lost-1").unwrap();
+    assert_eq!(lost.attempts, 3);
+    assert!(lost.dead_at.is_some() && lost.published_at.is_none());
+    assert!(
+        lost.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("nowhere.to.go"),
+        "{:?}",
+        lost.last_error
+    );
+    let fine = rows.iter().find(|r| r.message_id == "fine-1").unwrap();
+    assert!(fine.published_at.is_some(), "other rows keep flowing");
+    assert_eq!(
+        worker::relay::pending_count(&t.db).await.unwrap(),
+        0,
+        "dead rows are not pending"
+    );
+}
+
+/// Start-up refuses a duplicate window shorter than the relay lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_window_shorter_than_the_lease_stops_startup() {
+    let t = TestDb::new(Backend::Sqlite).await;
+    let nats = NatsServer::start().await;
+    let cfg = [
+        ("SEAWALL_DUPLICATE_WINDOW_MS", "1000"),
+        ("SEAWALL_RELAY_LEASE_MS", "5000"),
+    ];
+    let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &cfg));
+    assert!(!relay.wait().await.success());
+    let log = relay.log_text();
+    assert!(
+        log.contains("duplicate window") && log.contains("SEAWALL_DUPLICATE_WINDOW_MS"),
+        "{log}"
+    );
+    relay.assert_no_panic();
 }

@@ -17,24 +17,49 @@ async fn sigterm_finishes_and_acks_messages_in_flight() {
     let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120))).await.unwrap();
-    let cfg = [("SEAWALL_DEMO_WORK_MS", "300"), ("SEAWALL_CONSUMER_CONCURRENCY", "4")];
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let cfg = [
+        ("SEAWALL_DEMO_WORK_MS", "300"),
+        ("SEAWALL_CONSUMER_CONCURRENCY", "4"),
+    ];
     let mut consume = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &cfg));
-    let msgs: Vec<_> = (0..40).map(|i| (format!("inflight-{i}"), req(&format!("a{i}"), 1))).collect();
+    let msgs: Vec<_> = (0..40)
+        .map(|i| (format!("inflight-{i}"), req(&format!("a{i}"), 1)))
+        .collect();
     publish_credits(&js, &msgs).await;
-    wait_until("some messages to be committed", Duration::from_secs(30), || async { t.count(Credit).await >= 4 }).await;
+    wait_until(
+        "some messages to be committed",
+        Duration::from_secs(30),
+        || async { t.count(Credit).await >= 4 },
+    )
+    .await;
 
     let status = consume.terminate().await;
-    assert!(status.success(), "exit status {status:?}\n{}", consume.log_text());
+    assert!(
+        status.success(),
+        "exit status {status:?}\n{}",
+        consume.log_text()
+    );
     consume.assert_no_panic();
 
     let committed = t.count(InboxMessage).await;
-    assert!(committed < 40, "shutdown happened with work left ({committed} committed)");
+    assert!(
+        committed < 40,
+        "shutdown happened with work left ({committed} committed)"
+    );
     let mut consumer = js
-        .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>("credit", "CREDITS")
+        .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+            "credit", "CREDITS",
+        )
         .await
         .unwrap();
     let info = consumer.info().await.unwrap();
     let acked = info.delivered.consumer_sequence - info.num_ack_pending as u64;
-    assert_eq!(acked, committed, "acked messages == committed messages (delivered {}, pending ack {})", info.delivered.consumer_sequence, info.num_ack_pending);
+    assert_eq!(
+        acked, committed,
+        "acked messages == committed messages (delivered {}, pending ack {})",
+        info.delivered.consumer_sequence, info.num_ack_pending
+    );
 }

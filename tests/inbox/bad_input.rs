@@ -37,7 +37,7 @@ async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
     let panicking = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            apply_credit(txn, &env.message_id, &req).await?;
+            apply_credit(txn, &env.message_id, &req, None).await?;
             panic!("handler bug after the writes");
         })
     });

@@ -24,7 +24,7 @@ async fn a_failing_business_write_rolls_the_marker_back(backend: Backend) {
     let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            apply_credit(txn, &env.message_id, &req).await?;
+            apply_credit(txn, &env.message_id, &req, None).await?;
             credit::Entity::insert(credit::ActiveModel {
                 id: sea_orm::NotSet,
                 message_id: sea_orm::Set(env.message_id.to_string()),
@@ -112,7 +112,7 @@ async fn a_retry_after_a_failed_unit_starts_from_a_clean_transaction(backend: Ba
     let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            apply_credit(txn, &env.message_id, &req).await?;
+            apply_credit(txn, &env.message_id, &req, None).await?;
             Err(HandlerError::Failed("downstream refused".into()))
         })
     });

@@ -17,7 +17,11 @@ fn binary() -> String {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl NatsServer {
@@ -37,7 +41,14 @@ impl NatsServer {
 
     async fn spawn(&mut self) {
         let child = Command::new(binary())
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
             .arg(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -52,7 +63,10 @@ impl NatsServer {
                     return;
                 }
             }
-            assert!(tokio::time::Instant::now() < deadline, "nats-server did not start");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server did not start"
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -60,7 +74,10 @@ impl NatsServer {
     /// Stops the server (its JetStream store stays for a restart).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let _ = child.wait();
         }
     }

@@ -37,7 +37,11 @@ impl Seawall {
     }
 
     fn signal(&self, sig: &str) {
-        let status = std::process::Command::new("kill").arg(sig).arg(self.pid().to_string()).status().unwrap();
+        let status = std::process::Command::new("kill")
+            .arg(sig)
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
         assert!(status.success());
     }
 
