@@ -4,6 +4,9 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
+
+use service::retention::{BrokerSettings, PruneConfig, check_inbox_retention};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -30,6 +33,16 @@ pub struct Settings {
     pub relay_max_attempts: u64,
     pub consumer_concurrency: usize,
     pub stream_replicas: usize,
+    pub stream_max_age_ms: u64,
+    pub inbox_retention_ms: Option<u64>,
+    pub retention_margin_ms: u64,
+    pub outbox_retention_ms: u64,
+    pub allow_short_retention: bool,
+    pub prune_interval_ms: u64,
+    pub prune_batch_size: u64,
+    pub sweep_interval_ms: u64,
+    pub claim_lease_ms: u64,
+    pub claim_max_attempts: u64,
 }
 
 /// The keys read from the environment (others with the prefix are ignored, so
@@ -51,6 +64,16 @@ const KEYS: &[&str] = &[
     "relay_max_attempts",
     "consumer_concurrency",
     "stream_replicas",
+    "stream_max_age_ms",
+    "inbox_retention_ms",
+    "retention_margin_ms",
+    "outbox_retention_ms",
+    "allow_short_retention",
+    "prune_interval_ms",
+    "prune_batch_size",
+    "sweep_interval_ms",
+    "claim_lease_ms",
+    "claim_max_attempts",
 ];
 
 impl Default for Settings {
@@ -72,9 +95,21 @@ impl Default for Settings {
             relay_max_attempts: 10,
             consumer_concurrency: 16,
             stream_replicas: 1,
+            stream_max_age_ms: 7 * DAY_MS,
+            inbox_retention_ms: None,
+            retention_margin_ms: DAY_MS,
+            outbox_retention_ms: 7 * DAY_MS,
+            allow_short_retention: false,
+            prune_interval_ms: 60_000,
+            prune_batch_size: 1_000,
+            sweep_interval_ms: 5_000,
+            claim_lease_ms: 30_000,
+            claim_max_attempts: 5,
         }
     }
 }
+
+const DAY_MS: u64 = 24 * 3600 * 1000;
 
 /// Loaded settings plus what the loader learnt about where they came from.
 #[derive(Debug, Clone)]
@@ -150,6 +185,32 @@ pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigError> {
 }
 
 impl Settings {
+    /// The broker settings that bound redelivery.
+    pub fn broker(&self) -> BrokerSettings {
+        BrokerSettings {
+            ack_wait: Duration::from_millis(self.ack_wait_ms),
+            max_deliver: u32::try_from(self.max_deliver).unwrap_or(u32::MAX),
+            stream_max_age: Duration::from_millis(self.stream_max_age_ms),
+        }
+    }
+
+    /// What the pruner keeps: the configured inbox retention (checked against
+    /// the broker's redelivery horizon) or the derived one.
+    pub fn retention(&self) -> Result<PruneConfig, ConfigError> {
+        let broker = self.broker();
+        let inbox = match self.inbox_retention_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => broker.inbox_retention(Duration::from_millis(self.retention_margin_ms)),
+        };
+        check_inbox_retention(inbox, &broker, self.allow_short_retention)
+            .map_err(|e| invalid("inbox_retention_ms", e.to_string()))?;
+        Ok(PruneConfig {
+            inbox,
+            outbox: Duration::from_millis(self.outbox_retention_ms),
+            batch_size: self.prune_batch_size,
+        })
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let scheme = self.database_url.split(':').next().unwrap_or_default();
         if !matches!(scheme, "sqlite" | "postgres" | "postgresql" | "mysql") {
@@ -180,6 +241,11 @@ impl Settings {
             ("relay_max_attempts", self.relay_max_attempts),
             ("consumer_concurrency", self.consumer_concurrency as u64),
             ("stream_replicas", self.stream_replicas as u64),
+            ("prune_interval_ms", self.prune_interval_ms),
+            ("prune_batch_size", self.prune_batch_size),
+            ("sweep_interval_ms", self.sweep_interval_ms),
+            ("claim_lease_ms", self.claim_lease_ms),
+            ("claim_max_attempts", self.claim_max_attempts),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be at least 1"));

@@ -6,6 +6,7 @@ mod demo;
 mod load;
 mod publish;
 mod serve;
+mod webhook;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +47,13 @@ enum Command {
     Publish(publish::PublishArgs),
     /// Print row counts by table and state as JSON (pending, published, dead...).
     Stats,
+    /// Delete processed inbox markers and published outbox rows past their
+    /// retention, in batches; prints the counts as JSON.
+    Prune {
+        /// Only count what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[tokio::main]
@@ -107,9 +115,27 @@ async fn run() -> Result<()> {
             serve::serve(settings, db, roles).await?;
         }
         Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
+        Command::Prune { dry_run } => {
+            let retention = settings.retention()?;
+            let db = connect(&settings.database_url, 2).await?;
+            let now = chrono::Utc::now();
+            let report = if dry_run {
+                service::retention::prune_dry_run(&db, &retention, now).await
+            } else {
+                service::retention::prune(&db, &retention, now).await
+            }
+            .context("pruning")?;
+            let verb = if dry_run { "would_delete" } else { "deleted" };
+            println!(
+                "{}",
+                serde_json::json!({ verb: report, "inbox_retention_ms": retention.inbox.as_millis() as u64, "outbox_retention_ms": retention.outbox.as_millis() as u64 })
+            );
+        }
         Command::Stats => {
             let db = connect(&settings.database_url, 1).await?;
-            let counts = service::stats::counts(&db).await.context("reading counts")?;
+            let counts = service::stats::counts(&db)
+                .await
+                .context("reading counts")?;
             println!("{}", serde_json::to_string_pretty(&counts)?);
         }
         Command::Load(args) => {

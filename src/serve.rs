@@ -12,11 +12,17 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use service::credits::{CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT};
+use futures::FutureExt;
+use service::claim::ClaimPolicy;
+use service::credits::{
+    APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT,
+};
+use service::sweep::SweepPolicy;
 use service::{ConsumerName, Executor, Inbox, Registry};
-use worker::{Consumer, ConsumerConfig, Relay, RelayConfig, StreamSpec};
+use worker::{Consumer, ConsumerConfig, Relay, RelayConfig, StreamSpec, maintenance};
 
 use crate::config::Settings;
+use crate::webhook::Webhook;
 
 /// Which loops a process runs.
 #[derive(Debug, Clone, Copy)]
@@ -27,13 +33,33 @@ pub struct Roles {
 
 /// The demo service's consumers. A team's fork registers its own here.
 pub fn registry(settings: &Settings) -> Result<Registry> {
-    Ok(Registry::new().register(
+    let mut registry = Registry::new().register(
         ConsumerName::parse(CREDIT_CONSUMER)?,
         REQUESTED_SUBJECT,
         CreditHandler {
             work: Duration::from_millis(settings.demo_work_ms),
         },
-    ))
+    );
+    if let Some(url) = &settings.notify_webhook_url {
+        registry = registry.register_effect(
+            ConsumerName::parse(NOTIFY_CONSUMER)?,
+            APPLIED_SUBJECT,
+            Webhook::new(url.clone()).context("building the webhook client")?,
+            claim_policy(settings),
+        );
+    }
+    Ok(registry)
+}
+
+/// The demo `notify` consumer's name.
+pub const NOTIFY_CONSUMER: &str = "notify";
+
+fn claim_policy(settings: &Settings) -> ClaimPolicy {
+    ClaimPolicy {
+        lease: Duration::from_millis(settings.claim_lease_ms),
+        max_attempts: i32::try_from(settings.claim_max_attempts).unwrap_or(i32::MAX),
+        ..ClaimPolicy::default()
+    }
 }
 
 /// The streams this worker provisions.
@@ -42,7 +68,7 @@ pub fn streams(settings: &Settings) -> Vec<StreamSpec> {
         name: CREDITS_STREAM.into(),
         subjects: vec!["credits.>".into()],
         duplicate_window: Duration::from_millis(settings.duplicate_window_ms),
-        max_age: Duration::from_secs(7 * 24 * 3600),
+        max_age: Duration::from_millis(settings.stream_max_age_ms),
         replicas: settings.stream_replicas,
     }]
 }
@@ -58,6 +84,7 @@ pub async fn connect_nats(url: &str) -> Result<async_nats::Client> {
 
 /// Runs the given roles until SIGINT/SIGTERM.
 pub async fn serve(settings: &Settings, db: DatabaseConnection, roles: Roles) -> Result<()> {
+    let retention = settings.retention()?;
     Migrator::up(&db, None)
         .await
         .context("applying migrations")?;
@@ -96,6 +123,28 @@ pub async fn serve(settings: &Settings, db: DatabaseConnection, roles: Roles) ->
             concurrency: settings.consumer_concurrency,
             ..ConsumerConfig::default()
         };
+        let sweep = SweepPolicy {
+            default_max_attempts: claim_policy(settings).max_attempts,
+            ..SweepPolicy::default()
+        };
+        tasks.spawn(
+            maintenance::run_sweeper(
+                db.clone(),
+                sweep,
+                Duration::from_millis(settings.sweep_interval_ms),
+                cancel.clone(),
+            )
+            .map(Ok),
+        );
+        tasks.spawn(
+            maintenance::run_pruner(
+                db.clone(),
+                retention,
+                Duration::from_millis(settings.prune_interval_ms),
+                cancel.clone(),
+            )
+            .map(Ok),
+        );
         for registration in registry(settings)?.registrations() {
             let consumer = Consumer::new(
                 inbox.clone(),

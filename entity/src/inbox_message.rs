@@ -23,6 +23,10 @@ pub struct Model {
     pub result: Option<String>,
     /// Set when a person must decide whether the effect happened.
     pub quarantined_at: Option<DateTimeUtc>,
+    /// Subject of a claimed message (claims only), for its dead letter.
+    pub subject: Option<String>,
+    /// Payload of a claimed message (claims only), for its dead letter.
+    pub payload: Option<Vec<u8>>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

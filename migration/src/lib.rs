@@ -18,6 +18,7 @@ mod m20261130_000002_create_outbox_message;
 mod m20261130_000003_create_dead_letter;
 mod m20261130_000004_create_demo_domain;
 mod m20261130_000005_create_outbox_notify_trigger;
+mod m20261130_000006_add_inbox_claim_message;
 
 /// Applies seawall's migrations in order. Already applied ones are skipped,
 /// so running it at every start-up is safe.
@@ -32,6 +33,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000003_create_dead_letter::Migration),
             Box::new(m20261130_000004_create_demo_domain::Migration),
             Box::new(m20261130_000005_create_outbox_notify_trigger::Migration),
+            Box::new(m20261130_000006_add_inbox_claim_message::Migration),
         ]
     }
 }

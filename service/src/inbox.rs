@@ -205,6 +205,8 @@ pub async fn record_marker(
         attempts: Set(1),
         result: Set(None),
         quarantined_at: Set(None),
+        subject: Set(None),
+        payload: Set(None),
     };
     inbox_message::Entity::insert(marker)
         .exec_without_returning(txn)

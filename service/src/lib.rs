@@ -9,6 +9,9 @@
 //! - [`envelope`]: validated ids ([`MessageId`], [`ConsumerName`]) and [`Envelope`].
 //! - [`inbox`]: [`Inbox::process`], [`Outcome`], the [`Handle`] trait.
 //! - [`outbox`]: [`Outbox::enqueue`] and [`NewEvent`].
+//! - [`claim`]: two-phase claims for effects outside the transaction.
+//! - [`sweep`]: releasing or quarantining abandoned claims.
+//! - [`retention`]: how long rows are kept, and pruning them.
 //! - [`executor`]: [`Executor`], which re-runs whole transactions on transient errors.
 //! - [`classify`]: what a database error means, per backend.
 //! - [`credits`]: the demo domain, as the example of domain logic.
@@ -17,6 +20,7 @@
 //! - [`stats`]: counts by table and state, for operators.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
+pub mod claim;
 pub mod classify;
 pub mod credits;
 pub mod db;
@@ -27,11 +31,13 @@ pub mod executor;
 pub mod inbox;
 pub mod outbox;
 pub mod registry;
+pub mod retention;
 pub mod stats;
+pub mod sweep;
 
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError};
 pub use executor::{Executor, RetryPolicy, Unit};
 pub use inbox::{Handle, Inbox, Outcome};
 pub use outbox::{NewEvent, Outbox};
-pub use registry::{Registration, Registry};
+pub use registry::{Effect, HandlerKind, Registration, Registry};

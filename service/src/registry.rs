@@ -11,9 +11,32 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use sea_orm::DatabaseTransaction;
 
+use crate::claim::ClaimPolicy;
 use crate::envelope::{ConsumerName, Envelope};
 use crate::error::HandlerError;
 use crate::inbox::Handle;
+
+/// A side effect that cannot join a database transaction (an HTTP call, an
+/// email). It runs behind a two-phase claim and receives the message id as its
+/// idempotency key, identical on every attempt, so the receiver can recognise
+/// a repeat after a crash.
+pub trait Effect: Send + Sync {
+    /// Performs the effect; `Ok` may carry a short result to record.
+    fn perform<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        idempotency_key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, HandlerError>>;
+}
+
+/// How a consumer applies a message.
+#[derive(Clone)]
+pub enum HandlerKind {
+    /// Business writes in the inbox transaction (the usual case).
+    Transaction(Arc<dyn Handle<()>>),
+    /// An effect outside the transaction, behind a two-phase claim.
+    Effect(Arc<dyn Effect>, ClaimPolicy),
+}
 
 /// One consumer: its name (also the inbox key part and the durable name), the
 /// subject filter it reads, and its handler.
@@ -23,8 +46,8 @@ pub struct Registration {
     pub consumer: ConsumerName,
     /// Subject filter within the stream (for example `credits.requested`).
     pub subject: String,
-    /// The handler, its output discarded.
-    pub handler: Arc<dyn Handle<()>>,
+    /// The handler.
+    pub kind: HandlerKind,
 }
 
 impl std::fmt::Debug for Registration {
@@ -63,10 +86,30 @@ impl Registry {
         self.registrations.push(Registration {
             consumer,
             subject: subject.into(),
-            handler: Arc::new(Discard {
+            kind: HandlerKind::Transaction(Arc::new(Discard {
                 inner: handler,
                 _out: PhantomData,
-            }),
+            })),
+        });
+        self
+    }
+
+    /// Registers a side effect as `consumer` of `subject`, run behind a
+    /// two-phase claim with `policy`.
+    pub fn register_effect<E>(
+        mut self,
+        consumer: ConsumerName,
+        subject: impl Into<String>,
+        effect: E,
+        policy: ClaimPolicy,
+    ) -> Self
+    where
+        E: Effect + 'static,
+    {
+        self.registrations.push(Registration {
+            consumer,
+            subject: subject.into(),
+            kind: HandlerKind::Effect(Arc::new(effect), policy),
         });
         self
     }

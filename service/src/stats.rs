@@ -31,8 +31,15 @@ pub async fn counts(db: &DatabaseConnection) -> Result<Counts, DbErr> {
     use outbox_message::Column as O;
     let outbox = || outbox_message::Entity::find();
     Ok(Counts {
-        outbox_pending: outbox().filter(O::PublishedAt.is_null()).filter(O::DeadAt.is_null()).count(db).await?,
-        outbox_published: outbox().filter(O::PublishedAt.is_not_null()).count(db).await?,
+        outbox_pending: outbox()
+            .filter(O::PublishedAt.is_null())
+            .filter(O::DeadAt.is_null())
+            .count(db)
+            .await?,
+        outbox_published: outbox()
+            .filter(O::PublishedAt.is_not_null())
+            .count(db)
+            .await?,
         outbox_dead: outbox().filter(O::DeadAt.is_not_null()).count(db).await?,
         inbox_processed: inbox_message::Entity::find()
             .filter(inbox_message::Column::ProcessedAt.is_not_null())

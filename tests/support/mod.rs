@@ -160,3 +160,4 @@ pub fn backend_named(name: &str) -> Backend {
 
 pub mod nats;
 pub mod process;
+pub mod webhook;

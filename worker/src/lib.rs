@@ -9,10 +9,12 @@
 //! - [`consumer`]: JetStream -> inbox handlers -> ack / nak / dead letter.
 //! - [`streams`]: stream provisioning and the duplicate-window check.
 //! - [`notify`]: PostgreSQL `LISTEN/NOTIFY` wake-ups for the relay.
+//! - [`maintenance`]: the claim sweeper and the retention pruner loops.
 //! - [`drain`]: wait until everything in flight has settled (for tests).
 
 pub mod consumer;
 pub mod drain;
+pub mod maintenance;
 pub mod notify;
 pub mod relay;
 pub mod streams;

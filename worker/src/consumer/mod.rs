@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use service::dead_letter::DeadLetter;
-use service::{Envelope, Inbox, Registration};
+use service::{Envelope, HandlerKind, Inbox, Registration};
+
+mod effect;
 
 /// Consumer settings shared by a worker's consumers.
 #[derive(Debug, Clone)]
@@ -197,43 +199,99 @@ impl Consumer {
             traceparent = headers.get("traceparent").map(String::as_str).unwrap_or(""),
         );
         async {
-            let envelope = match Envelope::from_delivery(msg.subject.to_string(), headers.clone(), msg.payload.to_vec()) {
-                Ok(env) => env,
-                Err(err) => {
-                    let reason = format!("unusable message: {err}");
-                    self.dead_letter(&msg, None, &headers, &reason, delivered).await;
-                    return;
-                }
-            };
-            tracing::Span::current().record("message_id", envelope.message_id.as_str());
-            let handler = self.registration.handler.as_ref();
-            match self.inbox.process(&envelope, &self.registration.consumer, handler).await {
-                Ok(outcome) => {
-                    tracing::debug!(duplicate = matches!(outcome, service::Outcome::Duplicate), "acking");
-                    if let Err(err) = msg.double_ack().await {
-                        tracing::warn!(error = %err, "ack not confirmed; a redelivery will be a Duplicate");
-                    }
-                }
-                Err(err) if err.is_permanent() || delivered >= self.max_deliver() => {
-                    let reason = if err.is_permanent() {
-                        err.to_string()
-                    } else {
-                        format!("gave up after {delivered} deliveries: {err}")
+            let verdict = match Envelope::from_delivery(
+                msg.subject.to_string(),
+                headers.clone(),
+                msg.payload.to_vec(),
+            ) {
+                Ok(envelope) => {
+                    tracing::Span::current().record("message_id", envelope.message_id.as_str());
+                    let verdict = match &self.registration.kind {
+                        HandlerKind::Transaction(handler) => {
+                            self.apply(&envelope, handler.as_ref(), delivered).await
+                        }
+                        HandlerKind::Effect(effect, policy) => {
+                            effect::apply(self, &envelope, effect.as_ref(), policy, delivered).await
+                        }
                     };
-                    let id = envelope.message_id.to_string();
-                    self.dead_letter(&msg, Some(&id), &headers, &reason, delivered).await;
+                    (verdict, Some(envelope.message_id.to_string()))
                 }
-                Err(err) => {
-                    let delay = self.nak_delay(delivered);
-                    tracing::warn!(error = %err, ?delay, "handling failed; nak for redelivery");
-                    if let Err(e) = msg.ack_with(AckKind::Nak(Some(delay))).await {
-                        tracing::warn!(error = %e, "nak failed; the ack wait will redeliver");
-                    }
-                }
-            }
+                Err(err) => (
+                    Verdict::DeadLetter(format!("unusable message: {err}")),
+                    None,
+                ),
+            };
+            self.settle(&msg, verdict.0, verdict.1.as_deref(), &headers, delivered)
+                .await;
         }
         .instrument(span)
         .await;
+    }
+
+    /// The transactional path: the handler behind the inbox marker.
+    async fn apply(
+        &self,
+        envelope: &Envelope,
+        handler: &dyn service::Handle<()>,
+        delivered: i64,
+    ) -> Verdict {
+        match self
+            .inbox
+            .process(envelope, &self.registration.consumer, handler)
+            .await
+        {
+            Ok(outcome) => {
+                tracing::debug!(
+                    duplicate = matches!(outcome, service::Outcome::Duplicate),
+                    "acking"
+                );
+                Verdict::Ack
+            }
+            Err(err) if err.is_permanent() => Verdict::DeadLetter(err.to_string()),
+            Err(err) => self.retry_or_give_up(&err.to_string(), delivered),
+        }
+    }
+
+    /// Nak for redelivery, or dead-letter when this was the last allowed delivery.
+    fn retry_or_give_up(&self, error: &str, delivered: i64) -> Verdict {
+        if delivered >= self.max_deliver() {
+            Verdict::DeadLetter(format!("gave up after {delivered} deliveries: {error}"))
+        } else {
+            let delay = self.nak_delay(delivered);
+            tracing::warn!(error, ?delay, "handling failed; nak for redelivery");
+            Verdict::Nak(delay)
+        }
+    }
+
+    async fn settle(
+        &self,
+        msg: &jetstream::Message,
+        verdict: Verdict,
+        message_id: Option<&str>,
+        headers: &BTreeMap<String, String>,
+        delivered: i64,
+    ) {
+        match verdict {
+            Verdict::Ack => {
+                if let Err(err) = msg.double_ack().await {
+                    tracing::warn!(error = %err, "ack not confirmed; a redelivery will be a Duplicate");
+                }
+            }
+            Verdict::Nak(delay) => {
+                if let Err(err) = msg.ack_with(AckKind::Nak(Some(delay))).await {
+                    tracing::warn!(error = %err, "nak failed; the ack wait will redeliver");
+                }
+            }
+            Verdict::Term => {
+                if let Err(err) = msg.double_ack_with(AckKind::Term).await {
+                    tracing::warn!(error = %err, "term not confirmed");
+                }
+            }
+            Verdict::DeadLetter(reason) => {
+                self.dead_letter(msg, message_id, headers, &reason, delivered)
+                    .await
+            }
+        }
     }
 
     fn max_deliver(&self) -> i64 {
@@ -280,6 +338,19 @@ impl Consumer {
             }
         }
     }
+}
+
+/// What to tell JetStream about a message.
+#[derive(Debug)]
+enum Verdict {
+    /// Done (processed or duplicate).
+    Ack,
+    /// Redeliver after the delay.
+    Nak(Duration),
+    /// Never redeliver; the reason is already recorded elsewhere.
+    Term,
+    /// Record a dead letter with this reason, then term.
+    DeadLetter(String),
 }
 
 /// Delivery headers as a map (first value per name).

@@ -1,0 +1,403 @@
+//! Two-phase claims for side effects that cannot join a transaction
+//! (DESIGN rule 8): an email, a card charge, a webhook.
+//!
+//! Phase one commits the marker with `processed_at` null and a lease; the
+//! caller then performs the effect with the message id as its idempotency
+//! key, and phase two records completion. A crash between the phases leaves an
+//! open claim whose lease runs out; a later delivery takes it over with a
+//! conditional update that only one contender can win, and the sweeper
+//! quarantines claims that failed too often, for a person to judge.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveValue::{NotSet, Set},
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, TransactionTrait,
+};
+
+use entity::inbox_message::{self, Column};
+
+use crate::classify::{Failure, classify};
+use crate::dead_letter::DeadLetter;
+use crate::envelope::{ConsumerName, Envelope};
+
+/// The reason written to `dead_letter` when a claim is quarantined.
+pub const QUARANTINE_REASON: &str =
+    "needs a person: the effect may or may not have happened (claim abandoned too many times)";
+
+/// How a consumer's claims behave.
+#[derive(Debug, Clone)]
+pub struct ClaimPolicy {
+    /// How long a claim is exclusive. Longer than the effect can take.
+    pub lease: Duration,
+    /// Claims taken this many times without completion are quarantined.
+    pub max_attempts: i32,
+    /// Who claims (recorded in `claimed_by`).
+    pub instance: String,
+}
+
+impl Default for ClaimPolicy {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            max_attempts: 5,
+            instance: format!("claim-{}", std::process::id()),
+        }
+    }
+}
+
+/// Claiming failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The database failed.
+    #[error("claim of message {message_id} (consumer {consumer}): {source}")]
+    Database {
+        /// The message.
+        message_id: String,
+        /// The consumer.
+        consumer: String,
+        /// The error.
+        #[source]
+        source: DbErr,
+    },
+    /// The guard's lease ran out and another instance took the claim over;
+    /// this instance must not record a result.
+    #[error(
+        "claim of message {message_id} (consumer {consumer}) was taken over after its lease ran out"
+    )]
+    LeaseLost {
+        /// The message.
+        message_id: String,
+        /// The consumer.
+        consumer: String,
+    },
+}
+
+/// What [`claim`] found.
+#[derive(Debug)]
+pub enum ClaimOutcome {
+    /// This instance owns the claim: perform the effect, then complete or fail.
+    Acquired(ClaimGuard),
+    /// The effect was recorded as done: ack the message.
+    AlreadyProcessed,
+    /// Another live claim holds it until `lease_until`: retry later.
+    InProgress {
+        /// When the other claim's lease runs out.
+        lease_until: DateTime<Utc>,
+    },
+    /// Quarantined: a person decides; do not perform the effect.
+    Quarantined,
+}
+
+/// Proof of owning a claim. Dropping it without [`ClaimGuard::complete`] or
+/// [`ClaimGuard::fail`] leaves the claim to expire, as a crash would.
+#[derive(Debug)]
+#[must_use = "complete() or fail() the claim"]
+pub struct ClaimGuard {
+    db: DatabaseConnection,
+    id: i64,
+    message_id: String,
+    consumer: String,
+    instance: String,
+    attempt: i32,
+}
+
+impl ClaimGuard {
+    /// The key the side effect must carry (`Idempotency-Key`): the message id,
+    /// the same for every attempt, so a repeat after a crash is recognisable.
+    pub fn idempotency_key(&self) -> &str {
+        &self.message_id
+    }
+
+    /// Which attempt this is (1 for the first claim).
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+
+    /// Records the effect as done, with an optional result.
+    ///
+    /// # Errors
+    /// [`ClaimError::LeaseLost`] if another instance took the claim over.
+    pub async fn complete(self, result: Option<String>) -> Result<(), ClaimError> {
+        let res = inbox_message::Entity::update_many()
+            .col_expr(Column::ProcessedAt, Expr::value(Utc::now()))
+            .col_expr(Column::Result, Expr::value(result))
+            .col_expr(
+                Column::LeaseUntil,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .filter(self.owned())
+            .exec(&self.db)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        self.expect_one(res.rows_affected)
+    }
+
+    /// Releases the claim for a retry (the effect failed, it may be attempted again).
+    ///
+    /// # Errors
+    /// [`ClaimError::LeaseLost`] if another instance took the claim over.
+    pub async fn fail(self, reason: &str) -> Result<(), ClaimError> {
+        let res = inbox_message::Entity::update_many()
+            .col_expr(
+                Column::LeaseUntil,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .col_expr(Column::ClaimedBy, Expr::value(Option::<String>::None))
+            .col_expr(
+                Column::Result,
+                Expr::value(format!("attempt {} failed: {reason}", self.attempt)),
+            )
+            .filter(self.owned())
+            .exec(&self.db)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        self.expect_one(res.rows_affected)
+    }
+
+    fn owned(&self) -> Condition {
+        Condition::all()
+            .add(Column::Id.eq(self.id))
+            .add(Column::ClaimedBy.eq(self.instance.as_str()))
+            .add(Column::Attempts.eq(self.attempt))
+            .add(Column::ProcessedAt.is_null())
+    }
+
+    fn expect_one(&self, rows: u64) -> Result<(), ClaimError> {
+        if rows == 1 {
+            Ok(())
+        } else {
+            Err(ClaimError::LeaseLost {
+                message_id: self.message_id.clone(),
+                consumer: self.consumer.clone(),
+            })
+        }
+    }
+
+    fn db_error(&self, source: DbErr) -> ClaimError {
+        ClaimError::Database {
+            message_id: self.message_id.clone(),
+            consumer: self.consumer.clone(),
+            source,
+        }
+    }
+}
+
+/// Whether a lease that runs until `lease_until` is over at `now`. A released
+/// claim (no lease) is free.
+pub fn lease_expired(lease_until: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    lease_until.is_none_or(|until| until <= now)
+}
+
+/// Claims `envelope` for `consumer` (phase one). Commits before returning.
+///
+/// # Errors
+/// [`ClaimError::Database`].
+#[tracing::instrument(name = "inbox.claim", skip_all, fields(message_id = %envelope.message_id, consumer = %consumer))]
+pub async fn claim(
+    db: &DatabaseConnection,
+    envelope: &Envelope,
+    consumer: &ConsumerName,
+    policy: &ClaimPolicy,
+) -> Result<ClaimOutcome, ClaimError> {
+    let err = |source| ClaimError::Database {
+        message_id: envelope.message_id.to_string(),
+        consumer: consumer.to_string(),
+        source,
+    };
+    let now = Utc::now();
+    let lease_until =
+        now + chrono::Duration::from_std(policy.lease).unwrap_or(chrono::Duration::MAX);
+    let marker = inbox_message::ActiveModel {
+        id: NotSet,
+        message_id: Set(envelope.message_id.to_string()),
+        consumer: Set(consumer.to_string()),
+        received_at: Set(now),
+        processed_at: Set(None),
+        claimed_by: Set(Some(policy.instance.clone())),
+        claimed_at: Set(Some(now)),
+        lease_until: Set(Some(lease_until)),
+        attempts: Set(1),
+        result: Set(None),
+        quarantined_at: Set(None),
+        subject: Set(Some(envelope.subject.clone())),
+        payload: Set(Some(envelope.payload.clone())),
+    };
+    match inbox_message::Entity::insert(marker)
+        .exec_without_returning(db)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if classify(&e) == Failure::InboxDuplicate => {
+            return take_over(db, envelope, consumer, policy).await.map_err(err);
+        }
+        Err(e) => return Err(err(e)),
+    }
+    let id = find(db, envelope, consumer)
+        .await
+        .map_err(err)?
+        .map(|row| row.id)
+        .ok_or_else(|| {
+            err(DbErr::RecordNotFound(format!(
+                "claim marker for {}",
+                envelope.message_id
+            )))
+        })?;
+    Ok(ClaimOutcome::Acquired(ClaimGuard {
+        db: db.clone(),
+        id,
+        message_id: envelope.message_id.to_string(),
+        consumer: consumer.to_string(),
+        instance: policy.instance.clone(),
+        attempt: 1,
+    }))
+}
+
+async fn find(
+    db: &DatabaseConnection,
+    envelope: &Envelope,
+    consumer: &ConsumerName,
+) -> Result<Option<inbox_message::Model>, DbErr> {
+    inbox_message::Entity::find()
+        .filter(Column::MessageId.eq(envelope.message_id.as_str()))
+        .filter(Column::Consumer.eq(consumer.as_str()))
+        .one(db)
+        .await
+}
+
+/// The marker exists: report its state, or take an expired claim over. The
+/// takeover is conditional on the attempt count read, so of several
+/// contenders exactly one matches.
+async fn take_over(
+    db: &DatabaseConnection,
+    envelope: &Envelope,
+    consumer: &ConsumerName,
+    policy: &ClaimPolicy,
+) -> Result<ClaimOutcome, DbErr> {
+    let Some(row) = find(db, envelope, consumer).await? else {
+        // Pruned between the insert and the read: treat as done.
+        return Ok(ClaimOutcome::AlreadyProcessed);
+    };
+    let now = Utc::now();
+    if row.processed_at.is_some() {
+        return Ok(ClaimOutcome::AlreadyProcessed);
+    }
+    if row.quarantined_at.is_some() {
+        return Ok(ClaimOutcome::Quarantined);
+    }
+    if !lease_expired(row.lease_until, now) {
+        return Ok(ClaimOutcome::InProgress {
+            lease_until: row.lease_until.unwrap_or(now),
+        });
+    }
+    if row.attempts >= policy.max_attempts {
+        quarantine(db, &row).await?;
+        return Ok(ClaimOutcome::Quarantined);
+    }
+    let lease_until =
+        now + chrono::Duration::from_std(policy.lease).unwrap_or(chrono::Duration::MAX);
+    let res = inbox_message::Entity::update_many()
+        .col_expr(Column::ClaimedBy, Expr::value(policy.instance.as_str()))
+        .col_expr(Column::ClaimedAt, Expr::value(now))
+        .col_expr(Column::LeaseUntil, Expr::value(lease_until))
+        .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
+        .filter(Column::Id.eq(row.id))
+        .filter(Column::Attempts.eq(row.attempts))
+        .filter(Column::ProcessedAt.is_null())
+        .filter(Column::QuarantinedAt.is_null())
+        .exec(db)
+        .await?;
+    if res.rows_affected == 1 {
+        tracing::info!(attempt = row.attempts + 1, "took over an expired claim");
+        Ok(ClaimOutcome::Acquired(ClaimGuard {
+            db: db.clone(),
+            id: row.id,
+            message_id: row.message_id,
+            consumer: row.consumer,
+            instance: policy.instance.clone(),
+            attempt: row.attempts + 1,
+        }))
+    } else {
+        Ok(ClaimOutcome::InProgress { lease_until })
+    }
+}
+
+/// Marks an abandoned claim quarantined and writes its dead letter, in one
+/// transaction and only if it is still open and expired (several sweepers
+/// may try at once; one wins, the others change nothing).
+///
+/// Returns whether this call quarantined it.
+///
+/// # Errors
+/// Database errors.
+pub async fn quarantine(
+    db: &DatabaseConnection,
+    row: &inbox_message::Model,
+) -> Result<bool, DbErr> {
+    let now = Utc::now();
+    let txn = db.begin().await?;
+    let res = inbox_message::Entity::update_many()
+        .col_expr(Column::QuarantinedAt, Expr::value(now))
+        .col_expr(
+            Column::LeaseUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .filter(Column::Id.eq(row.id))
+        .filter(Column::Attempts.eq(row.attempts))
+        .filter(Column::ProcessedAt.is_null())
+        .filter(Column::QuarantinedAt.is_null())
+        .exec(&txn)
+        .await?;
+    if res.rows_affected != 1 {
+        txn.rollback().await?;
+        return Ok(false);
+    }
+    let headers = std::collections::BTreeMap::from([(
+        crate::envelope::HEADER_MSG_ID.to_owned(),
+        row.message_id.clone(),
+    )]);
+    let error = match &row.result {
+        Some(last) => format!(
+            "{QUARANTINE_REASON}; {} attempts; last: {last}",
+            row.attempts
+        ),
+        None => format!("{QUARANTINE_REASON}; {} attempts", row.attempts),
+    };
+    DeadLetter {
+        consumer: &row.consumer,
+        message_id: Some(&row.message_id),
+        subject: row.subject.as_deref().unwrap_or(""),
+        payload: row.payload.as_deref().unwrap_or_default(),
+        headers: &headers,
+        error: &error,
+        deliveries: row.attempts,
+    }
+    .record(&txn)
+    .await?;
+    txn.commit().await?;
+    tracing::warn!(message_id = %row.message_id, consumer = %row.consumer, attempts = row.attempts, "claim quarantined");
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_over_at_its_end_and_a_released_claim_is_free() {
+        let now = Utc::now();
+        assert!(lease_expired(None, now));
+        assert!(lease_expired(Some(now), now));
+        assert!(lease_expired(
+            Some(now - chrono::Duration::milliseconds(1)),
+            now
+        ));
+        assert!(!lease_expired(
+            Some(now + chrono::Duration::milliseconds(1)),
+            now
+        ));
+    }
+}

@@ -1,0 +1,233 @@
+//! Retention: how long inbox markers and published outbox rows are kept, and
+//! pruning them in bounded batches.
+//!
+//! An inbox marker may only go once the broker can no longer redeliver the
+//! original message (DESIGN rule 9): a redelivery after the marker was pruned
+//! would be applied a second time. That horizon is the ack wait times the
+//! delivery limit plus the stream's max age; a margin on top covers operators
+//! replaying dead letters later.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+};
+use serde::Serialize;
+
+use entity::{inbox_message, outbox_message};
+
+/// The broker settings that bound redelivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerSettings {
+    /// JetStream consumer ack wait.
+    pub ack_wait: Duration,
+    /// JetStream consumer max deliveries.
+    pub max_deliver: u32,
+    /// The stream's max age (how long the original stays replayable).
+    pub stream_max_age: Duration,
+}
+
+impl BrokerSettings {
+    /// How long after first delivery the broker may still deliver a message:
+    /// ack wait x max deliveries + the stream's max age.
+    pub fn redelivery_horizon(&self) -> Duration {
+        self.ack_wait
+            .saturating_mul(self.max_deliver)
+            .saturating_add(self.stream_max_age)
+    }
+
+    /// The inbox retention derived from the broker: the horizon plus `margin`.
+    pub fn inbox_retention(&self, margin: Duration) -> Duration {
+        self.redelivery_horizon().saturating_add(margin)
+    }
+}
+
+/// A retention the broker could outlive.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "inbox retention {retention:?} is shorter than the broker can still redeliver a message: ack_wait_ms ({ack_wait:?}) x max_deliver ({max_deliver}) + stream_max_age_ms ({max_age:?}) = {horizon:?}; raise inbox_retention_ms or set allow_short_retention = true"
+)]
+pub struct RetentionTooShort {
+    /// The configured retention.
+    pub retention: Duration,
+    /// Ack wait.
+    pub ack_wait: Duration,
+    /// Max deliveries.
+    pub max_deliver: u32,
+    /// Stream max age.
+    pub max_age: Duration,
+    /// The horizon it falls short of.
+    pub horizon: Duration,
+}
+
+/// Refuses an inbox retention shorter than the redelivery horizon, unless
+/// `allow_short` overrides it.
+///
+/// # Errors
+/// [`RetentionTooShort`] naming the settings involved.
+pub fn check_inbox_retention(
+    retention: Duration,
+    broker: &BrokerSettings,
+    allow_short: bool,
+) -> Result<(), RetentionTooShort> {
+    let horizon = broker.redelivery_horizon();
+    if retention < horizon && !allow_short {
+        return Err(RetentionTooShort {
+            retention,
+            ack_wait: broker.ack_wait,
+            max_deliver: broker.max_deliver,
+            max_age: broker.stream_max_age,
+            horizon,
+        });
+    }
+    Ok(())
+}
+
+/// What to prune.
+#[derive(Debug, Clone, Copy)]
+pub struct PruneConfig {
+    /// Processed inbox markers older than this go.
+    pub inbox: Duration,
+    /// Published outbox rows older than this go.
+    pub outbox: Duration,
+    /// Rows per delete statement (keeps locks short).
+    pub batch_size: u64,
+}
+
+/// What a prune removed (or, dry, would remove).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    /// Inbox markers.
+    pub inbox: u64,
+    /// Published outbox rows.
+    pub outbox: u64,
+}
+
+fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {
+    now - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX)
+}
+
+/// Deletes processed inbox markers and published outbox rows past their
+/// retention, `batch_size` rows per statement. Open claims, quarantined
+/// claims and dead or pending outbox rows are never touched. Safe with
+/// several pruners: each batch deletes by id and counts what it removed.
+///
+/// # Errors
+/// Database errors (rows deleted by earlier batches stay deleted).
+pub async fn prune(
+    db: &DatabaseConnection,
+    config: &PruneConfig,
+    now: DateTime<Utc>,
+) -> Result<PruneReport, DbErr> {
+    let inbox_cutoff = cutoff(now, config.inbox);
+    let outbox_cutoff = cutoff(now, config.outbox);
+    let batch = config.batch_size.max(1);
+    let mut report = PruneReport::default();
+    loop {
+        let ids: Vec<i64> = inbox_message::Entity::find()
+            .select_only()
+            .column(inbox_message::Column::Id)
+            .filter(inbox_message::Column::ProcessedAt.lt(inbox_cutoff))
+            .filter(inbox_message::Column::QuarantinedAt.is_null())
+            .order_by_asc(inbox_message::Column::Id)
+            .limit(batch)
+            .into_tuple()
+            .all(db)
+            .await?;
+        let full = ids.len() as u64 == batch;
+        if !ids.is_empty() {
+            report.inbox += inbox_message::Entity::delete_many()
+                .filter(inbox_message::Column::Id.is_in(ids))
+                .filter(inbox_message::Column::ProcessedAt.lt(inbox_cutoff))
+                .exec(db)
+                .await?
+                .rows_affected;
+        }
+        if !full {
+            break;
+        }
+    }
+    loop {
+        let ids: Vec<i64> = outbox_message::Entity::find()
+            .select_only()
+            .column(outbox_message::Column::Id)
+            .filter(outbox_message::Column::PublishedAt.lt(outbox_cutoff))
+            .order_by_asc(outbox_message::Column::Id)
+            .limit(batch)
+            .into_tuple()
+            .all(db)
+            .await?;
+        let full = ids.len() as u64 == batch;
+        if !ids.is_empty() {
+            report.outbox += outbox_message::Entity::delete_many()
+                .filter(outbox_message::Column::Id.is_in(ids))
+                .filter(outbox_message::Column::PublishedAt.lt(outbox_cutoff))
+                .exec(db)
+                .await?
+                .rows_affected;
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+/// What [`prune`] would delete at `now`, without deleting.
+///
+/// # Errors
+/// Database errors.
+pub async fn prune_dry_run(
+    db: &DatabaseConnection,
+    config: &PruneConfig,
+    now: DateTime<Utc>,
+) -> Result<PruneReport, DbErr> {
+    Ok(PruneReport {
+        inbox: inbox_message::Entity::find()
+            .filter(inbox_message::Column::ProcessedAt.lt(cutoff(now, config.inbox)))
+            .filter(inbox_message::Column::QuarantinedAt.is_null())
+            .count(db)
+            .await?,
+        outbox: outbox_message::Entity::find()
+            .filter(outbox_message::Column::PublishedAt.lt(cutoff(now, config.outbox)))
+            .count(db)
+            .await?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BROKER: BrokerSettings = BrokerSettings {
+        ack_wait: Duration::from_secs(30),
+        max_deliver: 5,
+        stream_max_age: Duration::from_secs(3600),
+    };
+
+    #[test]
+    fn the_horizon_is_ack_wait_times_deliveries_plus_max_age() {
+        assert_eq!(BROKER.redelivery_horizon(), Duration::from_secs(150 + 3600));
+        assert_eq!(
+            BROKER.inbox_retention(Duration::from_secs(50)),
+            Duration::from_secs(3800)
+        );
+    }
+
+    #[test]
+    fn a_retention_shorter_than_the_horizon_is_refused_unless_overridden() {
+        let short = Duration::from_secs(100);
+        let err = check_inbox_retention(short, &BROKER, false).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("ack_wait_ms")
+                && text.contains("max_deliver")
+                && text.contains("stream_max_age_ms"),
+            "{text}"
+        );
+        assert!(check_inbox_retention(short, &BROKER, true).is_ok());
+        assert!(check_inbox_retention(BROKER.redelivery_horizon(), &BROKER, false).is_ok());
+    }
+}

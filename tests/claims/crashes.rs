@@ -1,0 +1,253 @@
+//! Tests 1-4 through the broker: the demo `notify` consumer POSTs
+//! `credits.applied` events to a webhook through a claim, in `seawall consume`
+//! processes that crash at the fault points.
+
+use std::time::Duration;
+
+use async_nats::jetstream::message::PublishMessage;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+use entity::{dead_letter, inbox_message};
+
+use crate::on_backends;
+use crate::support::nats::NatsServer;
+use crate::support::process::Seawall;
+use crate::support::webhook::WebhookServer;
+use crate::support::{Backend, TestDb, wait_until};
+
+async fn setup(backend: Backend) -> (TestDb, NatsServer, async_nats::jetstream::Context) {
+    let t = TestDb::new(backend).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(
+        &js,
+        &worker::StreamSpec {
+            name: "CREDITS".into(),
+            subjects: vec!["credits.>".into()],
+            duplicate_window: Duration::from_secs(120),
+            max_age: Duration::from_secs(3600),
+            replicas: 1,
+        },
+    )
+    .await
+    .unwrap();
+    (t, nats, js)
+}
+
+async fn publish_event(js: &async_nats::jetstream::Context, id: &str) {
+    let body = format!(r#"{{"message_id":"req-{id}","account_id":"a","amount":1,"balance":1}}"#);
+    let msg = PublishMessage::build().payload(body.into()).message_id(id);
+    js.send_publish("credits.applied", msg)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+fn consume(
+    t: &TestDb,
+    nats: &NatsServer,
+    hook: &WebhookServer,
+    extra: &[(&'static str, &str)],
+) -> Seawall {
+    let mut env = vec![
+        ("SEAWALL_DATABASE_URL", t.url.clone()),
+        ("SEAWALL_NATS_URL", nats.url()),
+        ("SEAWALL_NOTIFY_WEBHOOK_URL", hook.url.clone()),
+        ("SEAWALL_SWEEP_INTERVAL_MS", "100".into()),
+        ("SEAWALL_STREAM_MAX_AGE_MS", "3600000".into()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    Seawall::spawn(&["consume"], &env)
+}
+
+async fn marker(t: &TestDb, id: &str) -> Option<inbox_message::Model> {
+    inbox_message::Entity::find()
+        .filter(inbox_message::Column::MessageId.eq(id))
+        .filter(inbox_message::Column::Consumer.eq("notify"))
+        .one(&t.db)
+        .await
+        .unwrap()
+}
+
+async fn completed(t: &TestDb, id: &str) -> bool {
+    marker(t, id)
+        .await
+        .is_some_and(|m| m.processed_at.is_some())
+}
+
+/// Test 1 through the broker: the ack wait is shorter than the webhook's
+/// answer, so the second process receives the redelivery while the first
+/// holds the claim. One call.
+async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backend) {
+    let (t, nats, js) = setup(backend).await;
+    let hook = WebhookServer::start(Duration::from_millis(1200), 200).await;
+    let cfg = [
+        ("SEAWALL_ACK_WAIT_MS", "300"),
+        ("SEAWALL_MAX_DELIVER", "20"),
+    ];
+    let mut a = consume(&t, &nats, &hook, &cfg);
+    let mut b = consume(&t, &nats, &hook, &cfg);
+    publish_event(&js, "evt-race").await;
+    wait_until("the event to be completed", Duration::from_secs(30), || {
+        completed(&t, "evt-race")
+    })
+    .await;
+    wait_until(
+        "the consumer to settle",
+        Duration::from_secs(30),
+        || async {
+            let mut c = js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    "notify", "CREDITS",
+                )
+                .await
+                .unwrap();
+            let info = c.info().await.unwrap();
+            info.num_ack_pending == 0 && info.num_pending == 0
+        },
+    )
+    .await;
+    assert_eq!(hook.calls().get("evt-race"), Some(&1), "{:?}", hook.calls());
+    assert_eq!(hook.total_calls(), 1);
+    let logs = a.log_text() + &b.log_text();
+    assert!(
+        logs.contains("claim held by another instance"),
+        "the redelivery met the live claim"
+    );
+    for p in [&mut a, &mut b] {
+        assert!(p.terminate().await.success());
+        p.assert_no_panic();
+    }
+}
+on_backends!(two_processes_racing_on_one_event_call_the_webhook_once: sqlite, postgres);
+
+/// Test 2: the process dies after committing the claim, before the call. The
+/// sweeper releases the claim after its lease, the redelivery takes it over,
+/// and the call happens once, with the message id as its key.
+async fn a_crash_before_the_call_is_recovered_with_one_call(backend: Backend) {
+    let (t, nats, js) = setup(backend).await;
+    let hook = WebhookServer::start(Duration::ZERO, 200).await;
+    let cfg = [
+        ("SEAWALL_ACK_WAIT_MS", "1000"),
+        ("SEAWALL_CLAIM_LEASE_MS", "500"),
+    ];
+    let mut crashing = consume(
+        &t,
+        &nats,
+        &hook,
+        &[cfg[0], cfg[1], ("SEAWALL_FAULT", "claim-after-commit")],
+    );
+    publish_event(&js, "evt-crash").await;
+    assert!(
+        !crashing.wait().await.success(),
+        "the fault point aborted the process"
+    );
+    let open = marker(&t, "evt-crash")
+        .await
+        .expect("the claim was committed");
+    assert!(open.processed_at.is_none());
+    assert_eq!(hook.total_calls(), 0);
+
+    let mut recovery = consume(&t, &nats, &hook, &cfg);
+    wait_until("the event to be completed", Duration::from_secs(30), || {
+        completed(&t, "evt-crash")
+    })
+    .await;
+    assert_eq!(hook.calls().len(), 1, "one distinct key");
+    assert_eq!(hook.calls().get("evt-crash"), Some(&1));
+    assert_eq!(
+        marker(&t, "evt-crash").await.unwrap().attempts,
+        2,
+        "the second attempt took the claim over"
+    );
+    assert!(recovery.terminate().await.success());
+    assert!(
+        recovery.log_text().contains("released an abandoned claim"),
+        "the sweeper found it"
+    );
+    recovery.assert_no_panic();
+}
+on_backends!(a_crash_before_the_call_is_recovered_with_one_call: sqlite, postgres);
+
+/// Test 3: the process dies after the call, before `complete()`. The retry
+/// calls again, with the same idempotency key, so the receiver can drop it.
+async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
+    let (t, nats, js) = setup(backend).await;
+    let hook = WebhookServer::start(Duration::ZERO, 200).await;
+    let cfg = [
+        ("SEAWALL_ACK_WAIT_MS", "1000"),
+        ("SEAWALL_CLAIM_LEASE_MS", "500"),
+    ];
+    let mut crashing = consume(
+        &t,
+        &nats,
+        &hook,
+        &[cfg[0], cfg[1], ("SEAWALL_FAULT", "claim-after-call")],
+    );
+    publish_event(&js, "evt-after").await;
+    assert!(!crashing.wait().await.success());
+    assert_eq!(hook.calls().get("evt-after"), Some(&1));
+
+    let mut recovery = consume(&t, &nats, &hook, &cfg);
+    wait_until("the event to be completed", Duration::from_secs(30), || {
+        completed(&t, "evt-after")
+    })
+    .await;
+    assert_eq!(hook.calls().len(), 1, "every call carried the same key");
+    assert_eq!(hook.calls().get("evt-after"), Some(&2));
+    assert!(recovery.terminate().await.success());
+    recovery.assert_no_panic();
+}
+on_backends!(a_crash_after_the_call_retries_with_the_same_key: sqlite, postgres);
+
+/// Test 4: the webhook keeps failing; after the attempt limit the claim is
+/// quarantined and a dead letter says a person must look.
+async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend) {
+    let (t, nats, js) = setup(backend).await;
+    let hook = WebhookServer::start(Duration::ZERO, 503).await;
+    let cfg = [
+        ("SEAWALL_CLAIM_MAX_ATTEMPTS", "3"),
+        ("SEAWALL_MAX_DELIVER", "10"),
+    ];
+    let mut p = consume(&t, &nats, &hook, &cfg);
+    publish_event(&js, "evt-broken").await;
+    wait_until(
+        "the claim to be quarantined",
+        Duration::from_secs(30),
+        || async {
+            marker(&t, "evt-broken")
+                .await
+                .is_some_and(|m| m.quarantined_at.is_some())
+        },
+    )
+    .await;
+    wait_until("its dead letter", Duration::from_secs(10), || async {
+        dead_letter::Entity::find()
+            .one(&t.db)
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let letters = dead_letter::Entity::find().all(&t.db).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert_eq!(letter.consumer, "notify");
+    assert_eq!(letter.message_id.as_deref(), Some("evt-broken"));
+    assert!(letter.error.contains("needs a person"), "{}", letter.error);
+    assert!(
+        letter.error.contains("503"),
+        "the last failure is kept: {}",
+        letter.error
+    );
+    assert_eq!(letter.subject, "credits.applied");
+    assert_eq!(
+        hook.calls().get("evt-broken"),
+        Some(&3),
+        "three attempts, then no more calls"
+    );
+    assert!(p.terminate().await.success());
+    p.assert_no_panic();
+}
+on_backends!(a_claim_failing_too_often_is_quarantined_for_a_person: sqlite, postgres);

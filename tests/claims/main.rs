@@ -1,0 +1,9 @@
+//! Two-phase claims, the claim sweeper and retention pruning, on SQLite files
+//! and PostgreSQL, with a real nats-server and a real HTTP receiver.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod crashes;
+mod prune;
+mod takeover;

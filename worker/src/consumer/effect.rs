@@ -1,0 +1,71 @@
+//! The claim path: side effects outside the transaction (DESIGN rule 8).
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use service::claim::{ClaimError, ClaimOutcome, ClaimPolicy, claim};
+use service::{Effect, Envelope, HandlerError};
+
+use super::{Consumer, Verdict};
+
+/// Set `SEAWALL_FAULT` to this to abort after the claim committed and before
+/// the effect runs.
+pub const FAULT_AFTER_CLAIM: &str = "claim-after-commit";
+/// Set `SEAWALL_FAULT` to this to abort after the effect and before the claim
+/// is completed.
+pub const FAULT_AFTER_EFFECT: &str = "claim-after-call";
+
+fn fault(point: &str) {
+    if std::env::var("SEAWALL_FAULT").is_ok_and(|f| f == point) {
+        tracing::error!(point, "fault injection: aborting");
+        std::process::abort();
+    }
+}
+
+/// Claims, performs, completes; turns each outcome into a verdict.
+pub(super) async fn apply(
+    consumer: &Consumer,
+    envelope: &Envelope,
+    effect: &dyn Effect,
+    policy: &ClaimPolicy,
+    delivered: i64,
+) -> Verdict {
+    let db = consumer.inbox.executor().db();
+    let guard = match claim(db, envelope, &consumer.registration.consumer, policy).await {
+        Ok(ClaimOutcome::Acquired(guard)) => guard,
+        Ok(ClaimOutcome::AlreadyProcessed) => return Verdict::Ack,
+        Ok(ClaimOutcome::Quarantined) => return Verdict::Term,
+        Ok(ClaimOutcome::InProgress { lease_until }) => {
+            let wait = (lease_until - Utc::now()).to_std().unwrap_or_default();
+            tracing::info!(
+                ?wait,
+                "claim held by another instance; nak until its lease ends"
+            );
+            return Verdict::Nak(wait.max(Duration::from_millis(50)));
+        }
+        Err(err) => return consumer.retry_or_give_up(&err.to_string(), delivered),
+    };
+    fault(FAULT_AFTER_CLAIM);
+    match effect.perform(envelope, guard.idempotency_key()).await {
+        Ok(result) => {
+            fault(FAULT_AFTER_EFFECT);
+            match guard.complete(result).await {
+                // Lost lease: another instance owns the claim now and will
+                // record it; this delivery is settled.
+                Ok(()) | Err(ClaimError::LeaseLost { .. }) => Verdict::Ack,
+                Err(err) => consumer.retry_or_give_up(&err.to_string(), delivered),
+            }
+        }
+        Err(err) => {
+            let reason = err.to_string();
+            if let Err(release) = guard.fail(&reason).await {
+                tracing::warn!(error = %release, "could not release the claim; it will expire");
+            }
+            match err {
+                HandlerError::Rejected(_) => Verdict::DeadLetter(reason),
+                _ => consumer.retry_or_give_up(&reason, delivered),
+            }
+        }
+    }
+}
