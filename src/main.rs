@@ -37,15 +37,19 @@ enum Command {
     /// Push synthetic credit requests through the inbox, each several times;
     /// prints a JSON summary. Run several at once to contend across processes.
     Load(load::LoadArgs),
-    /// Everything in one process: migrations, outbox relay, consumers.
+    /// Everything in one process: migrations, outbox relay, consumers, claim
+    /// sweeper, pruner and the admin API with its dashboard.
     Run,
     /// Only the outbox relay (several may run against one database).
     Relay,
-    /// Only the JetStream consumers (several may share one durable consumer).
+    /// Only the JetStream consumers (several may share one durable consumer),
+    /// with the claim sweeper and the pruner.
     Consume,
+    /// Only the admin API, dashboard and metrics.
+    Api,
     /// Publish demo `credits.requested` messages to JetStream.
     Publish(publish::PublishArgs),
-    /// Print row counts by table and state as JSON (pending, published, dead...).
+    /// Print counts by table and state, relay lag and throughput as JSON.
     Stats,
     /// Delete processed inbox markers and published outbox rows past their
     /// retention, in batches; prints the counts as JSON.
@@ -96,23 +100,32 @@ async fn run() -> Result<()> {
                 .context("applying migrations")?;
             demo::run(db).await?;
         }
-        Command::Run | Command::Relay | Command::Consume => {
+        Command::Run | Command::Relay | Command::Consume | Command::Api => {
             let roles = match cli.command {
                 Command::Relay => serve::Roles {
                     relay: true,
                     consume: false,
+                    api: false,
                 },
                 Command::Consume => serve::Roles {
                     relay: false,
                     consume: true,
+                    api: false,
+                },
+                Command::Api => serve::Roles {
+                    relay: false,
+                    consume: false,
+                    api: true,
                 },
                 _ => serve::Roles {
                     relay: true,
                     consume: true,
+                    api: true,
                 },
             };
+            let metrics = api::metrics::install().context("installing the metrics recorder")?;
             let db = connect(&settings.database_url, settings.db_max_connections).await?;
-            serve::serve(settings, db, roles).await?;
+            serve::serve(settings, db, roles, Some(metrics)).await?;
         }
         Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
         Command::Prune { dry_run } => {
@@ -133,10 +146,10 @@ async fn run() -> Result<()> {
         }
         Command::Stats => {
             let db = connect(&settings.database_url, 1).await?;
-            let counts = service::stats::counts(&db)
+            let stats = service::stats::stats(&db, chrono::Utc::now())
                 .await
-                .context("reading counts")?;
-            println!("{}", serde_json::to_string_pretty(&counts)?);
+                .context("reading stats")?;
+            println!("{}", serde_json::to_string_pretty(&stats)?);
         }
         Command::Load(args) => {
             let db = connect(&settings.database_url, settings.db_max_connections).await?;

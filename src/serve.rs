@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use futures::FutureExt;
+use metrics_exporter_prometheus::PrometheusHandle;
 use service::claim::ClaimPolicy;
 use service::credits::{
     APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT,
@@ -29,6 +30,7 @@ use crate::webhook::Webhook;
 pub struct Roles {
     pub relay: bool,
     pub consume: bool,
+    pub api: bool,
 }
 
 /// The demo service's consumers. A team's fork registers its own here.
@@ -83,17 +85,38 @@ pub async fn connect_nats(url: &str) -> Result<async_nats::Client> {
 }
 
 /// Runs the given roles until SIGINT/SIGTERM.
-pub async fn serve(settings: &Settings, db: DatabaseConnection, roles: Roles) -> Result<()> {
+pub async fn serve(
+    settings: &Settings,
+    db: DatabaseConnection,
+    roles: Roles,
+    metrics: Option<PrometheusHandle>,
+) -> Result<()> {
     let retention = settings.retention()?;
+    if roles.api {
+        api::check_exposure(settings.api_addr, settings.admin_token.as_deref())?;
+    }
     Migrator::up(&db, None)
         .await
         .context("applying migrations")?;
-    let client = connect_nats(&settings.nats_url).await?;
-    let js = jetstream::new(client);
+    let workers = roles.relay || roles.consume;
+    // The workers cannot start without NATS; the API alone can, and reports
+    // NATS as not ready until it connects.
+    let client = if workers {
+        connect_nats(&settings.nats_url).await?
+    } else {
+        async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(settings.nats_url.as_str())
+            .await
+            .with_context(|| format!("connecting to NATS at {}", settings.nats_url))?
+    };
+    let js = jetstream::new(client.clone());
     let lease = Duration::from_millis(settings.relay_lease_ms);
-    for spec in streams(settings) {
-        worker::ensure_stream(&js, &spec).await?;
-        worker::check_duplicate_window(&js, &spec.name, lease).await?;
+    if workers {
+        for spec in streams(settings) {
+            worker::ensure_stream(&js, &spec).await?;
+            worker::check_duplicate_window(&js, &spec.name, lease).await?;
+        }
     }
     let wake = Arc::new(Notify::new());
     let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
@@ -157,9 +180,31 @@ pub async fn serve(settings: &Settings, db: DatabaseConnection, roles: Roles) ->
             tasks.spawn(async move { Ok(consumer.run(cancel).await?) });
         }
     }
+    if roles.api {
+        let state = api::AppState {
+            db: db.clone(),
+            nats: Some(client.clone()),
+            jetstream: Some(js.clone()),
+            relay_wake: Some(wake.clone()),
+            metrics,
+            config: Arc::new(api::ApiConfig {
+                token: settings.admin_token.clone(),
+                prune: Some(retention),
+                ..api::ApiConfig::default()
+            }),
+        };
+        let (addr, cancel) = (settings.api_addr, cancel.clone());
+        tasks.spawn(async move { Ok(api::serve(addr, state, cancel).await?) });
+    }
     eprintln!(
-        "seawall is running (relay: {}, consume: {}); Ctrl-C to stop",
-        roles.relay, roles.consume
+        "seawall is running (relay: {}, consume: {}, admin API: {}); Ctrl-C to stop",
+        roles.relay,
+        roles.consume,
+        if roles.api {
+            format!("http://{}/", settings.api_addr)
+        } else {
+            "off".into()
+        }
     );
     let mut failure = None;
     tokio::select! {

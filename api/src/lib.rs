@@ -1,1 +1,245 @@
+//! seawall's admin HTTP API: see what is stuck, and fix it without SQL.
+//!
+//! `GET /healthz`, `/readyz`, `/metrics`, the dashboard at `/`, and under
+//! `/api/v1` (bearer token) stats, outbox, inbox and dead letters with their
+//! repair actions, prune, and the OpenAPI document generated from the same
+//! handler annotations that build the router, so the two cannot drift.
+//!
+//! # Layout
+//! - [`router`] and [`serve`]: assembly, limits, shutdown.
+//! - `outbox`, `inbox`, `dead_letters`, `stats`, `health`: the handlers.
+//! - [`metrics`]: Prometheus recorder and `/metrics`.
+//! - `error`, `extract`, `auth`, `page`: JSON errors, extractors that produce
+//!   them, the token check, pagination.
 
+mod auth;
+mod dashboard;
+mod dead_letters;
+mod error;
+mod extract;
+mod health;
+mod inbox;
+pub mod metrics;
+mod outbox;
+mod page;
+mod stats;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sea_orm::DatabaseConnection;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tower_http::timeout::TimeoutLayer;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use service::retention::PruneConfig;
+
+pub use error::{ApiError, ErrorBody};
+
+/// Settings of the API.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Bearer token for `/api/v1`; without one the API only binds loopback.
+    pub token: Option<String>,
+    /// Retention used by `POST /api/v1/prune`.
+    pub prune: Option<PruneConfig>,
+    /// Longest a request may take.
+    pub request_timeout: Duration,
+    /// Largest request body accepted.
+    pub body_limit: usize,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            prune: None,
+            request_timeout: Duration::from_secs(10),
+            body_limit: 64 * 1024,
+        }
+    }
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    /// The database.
+    pub db: DatabaseConnection,
+    /// NATS, for readiness and replays.
+    pub nats: Option<async_nats::Client>,
+    /// JetStream on that connection.
+    pub jetstream: Option<async_nats::jetstream::Context>,
+    /// Woken when an operator makes outbox rows publishable again.
+    pub relay_wake: Option<Arc<Notify>>,
+    /// The Prometheus handle, when this process exports metrics.
+    pub metrics: Option<PrometheusHandle>,
+    /// Settings.
+    pub config: Arc<ApiConfig>,
+}
+
+/// Start-up problems.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// No token and a non-loopback address.
+    #[error(
+        "refusing to serve the admin API on {0} without SEAWALL_ADMIN_TOKEN: set a token or listen on a loopback address"
+    )]
+    NoTokenOffLoopback(SocketAddr),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Refuses to expose an unauthenticated API beyond this machine.
+///
+/// # Errors
+/// [`ServeError::NoTokenOffLoopback`].
+pub fn check_exposure(addr: SocketAddr, token: Option<&str>) -> Result<(), ServeError> {
+    if token.is_none() && !addr.ip().is_loopback() {
+        return Err(ServeError::NoTokenOffLoopback(addr));
+    }
+    Ok(())
+}
+
+struct SecurityAddon;
+
+impl Modify for SecurityAddon {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "seawall admin API", description = "See what is stuck in the inbox and outbox, and fix it."),
+    modifiers(&SecurityAddon),
+    security(("bearer" = [])),
+    components(schemas(ErrorBody))
+)]
+struct ApiDoc;
+
+/// The authenticated routes, each registered together with its OpenAPI entry.
+fn protected() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(stats::get_stats))
+        .routes(routes!(stats::run_prune))
+        .routes(routes!(outbox::list_outbox))
+        .routes(routes!(outbox::get_outbox))
+        .routes(routes!(outbox::retry_outbox))
+        .routes(routes!(outbox::retry_dead))
+        .routes(routes!(inbox::list_inbox))
+        .routes(routes!(inbox::release_claim))
+        .routes(routes!(dead_letters::list_dead_letters))
+        .routes(routes!(
+            dead_letters::get_dead_letter,
+            dead_letters::delete_dead_letter
+        ))
+        .routes(routes!(dead_letters::replay_dead_letter))
+        .routes(routes!(openapi_json))
+}
+
+/// The routes without a token, documented too.
+fn public() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(metrics::render))
+}
+
+/// The OpenAPI document: every route the router serves, generated from the
+/// handlers' annotations.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = protected().split_for_parts();
+    let (_, public_doc) = public().split_for_parts();
+    for (path, mut item) in public_doc.paths.paths {
+        // Health and metrics need no token.
+        for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            op.security = Some(vec![
+                utoipa::openapi::security::SecurityRequirement::default(),
+            ]);
+        }
+        doc.paths.paths.insert(path, item);
+    }
+    doc
+}
+
+/// The OpenAPI 3 document of this API.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta",
+    responses((status = 200, description = "OpenAPI document", content_type = "application/json"), (status = 401, body = ErrorBody)))]
+async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(openapi())
+}
+
+async fn not_found() -> axum::response::Response {
+    error::error_response(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> axum::response::Response {
+    error::error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}
+
+/// The whole router with its limits: body size, request timeout, JSON 404/405.
+pub fn router(state: AppState) -> Router {
+    let (protected, _) = protected()
+        .layer(from_fn_with_state(state.clone(), auth::require_token))
+        .split_for_parts();
+    let (public, _) = public().split_for_parts();
+    Router::new()
+        .merge(protected)
+        .merge(public)
+        .route("/", axum::routing::get(dashboard::page))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.body_limit))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            state.config.request_timeout,
+        ))
+        .with_state(state)
+}
+
+/// Serves until `cancel` fires, then finishes requests in flight.
+///
+/// # Errors
+/// [`ServeError`] when the address is refused or cannot be bound.
+pub async fn serve(
+    addr: SocketAddr,
+    state: AppState,
+    cancel: CancellationToken,
+) -> Result<(), ServeError> {
+    check_exposure(addr, state.config.token.as_deref())?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    tracing::info!(%local, "admin API listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}

@@ -178,11 +178,15 @@ impl Executor {
                 }
                 Err(HandlerError::Database(err)) => match classify(&err) {
                     Failure::Transient { reason } if attempt < self.policy.max_attempts => {
+                        metrics::counter!("seawall_executor_retries_total", "reason" => reason)
+                            .increment(1);
                         let pause = self.policy.backoff(attempt);
                         tracing::debug!(attempt, reason, ?pause, error = %err, "transient database error; re-running the unit");
                         tokio::time::sleep(pause).await;
                     }
                     Failure::Transient { reason } => {
+                        metrics::counter!("seawall_executor_exhausted_total", "reason" => reason)
+                            .increment(1);
                         tracing::warn!(attempt, reason, error = %err, "transient database error; attempts used up");
                         return Err(HandlerError::Database(err));
                     }

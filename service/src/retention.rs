@@ -97,12 +97,24 @@ pub struct PruneConfig {
 }
 
 /// What a prune removed (or, dry, would remove).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 pub struct PruneReport {
     /// Inbox markers.
     pub inbox: u64,
     /// Published outbox rows.
     pub outbox: u64,
+}
+
+impl PruneReport {
+    /// Adds the deletions to `seawall_pruned_rows_total{table}`.
+    pub fn record_metrics(&self) {
+        metrics::counter!("seawall_pruned_rows_total", "table" => "inbox_message")
+            .increment(self.inbox);
+        metrics::counter!("seawall_pruned_rows_total", "table" => "outbox_message")
+            .increment(self.outbox);
+    }
 }
 
 fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {

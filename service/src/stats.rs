@@ -1,57 +1,252 @@
-//! Counts that answer "is anything stuck?" at a glance. Shared by the CLI's
-//! `seawall stats` and the admin API.
+//! What an operator needs at a glance: counts by table and state, how far
+//! behind the relay is, who dead-letters, and recent throughput. Shared by
+//! `seawall stats`, the admin API and the Prometheus gauges, so the dashboard
+//! and the metrics always agree.
 
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter};
-use serde::Serialize;
+use chrono::{DateTime, Duration, DurationRound, Utc};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use entity::{dead_letter, inbox_message, outbox_message};
 
-/// Row counts by table and state.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Counts {
-    /// Outbox rows waiting for the relay.
-    pub outbox_pending: u64,
-    /// Outbox rows JetStream acknowledged.
-    pub outbox_published: u64,
-    /// Outbox rows that reached the attempt limit.
-    pub outbox_dead: u64,
-    /// Inbox markers of completed work.
-    pub inbox_processed: u64,
-    /// Inbox markers of open two-phase claims.
-    pub inbox_claimed: u64,
-    /// Dead letters not yet replayed.
+/// Minutes of throughput history reported.
+pub const THROUGHPUT_MINUTES: i64 = 15;
+
+/// The whole picture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Stats {
+    /// Outbox rows by state.
+    pub outbox: OutboxCounts,
+    /// Inbox markers by state.
+    pub inbox: InboxCounts,
+    /// Dead letters not yet replayed, in all.
     pub dead_letters: u64,
+    /// Dead letters not yet replayed, per consumer.
+    pub dead_letters_by_consumer: Vec<ConsumerCount>,
+    /// Age of the oldest pending outbox row, in seconds (absent when none is pending).
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Mean commit-to-publish delay of the last 100 published rows, in milliseconds.
+    pub relay_lag_ms: Option<f64>,
+    /// Published events and processed messages per minute, oldest first.
+    pub throughput: Vec<MinuteCount>,
+    /// When this was computed.
+    pub generated_at: DateTime<Utc>,
 }
 
-/// Reads the counts.
+/// Outbox rows by state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OutboxCounts {
+    pub pending: u64,
+    pub published: u64,
+    pub dead: u64,
+}
+
+/// Inbox markers by state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct InboxCounts {
+    pub processed: u64,
+    /// Open claims with a live lease.
+    pub claimed: u64,
+    /// Open claims whose lease ran out or was released.
+    pub expired_claims: u64,
+    pub quarantined: u64,
+}
+
+/// A count for one consumer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, FromQueryResult)]
+pub struct ConsumerCount {
+    pub consumer: String,
+    pub count: i64,
+}
+
+/// One minute of throughput.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MinuteCount {
+    /// Start of the minute (UTC).
+    pub minute: DateTime<Utc>,
+    /// Outbox rows published in it.
+    pub published: u64,
+    /// Inbox markers processed in it.
+    pub processed: u64,
+}
+
+/// Computes the stats at `now`.
 ///
 /// # Errors
 /// The first failing query's error.
-pub async fn counts(db: &DatabaseConnection) -> Result<Counts, DbErr> {
+pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats, DbErr> {
+    use inbox_message::Column as I;
     use outbox_message::Column as O;
-    let outbox = || outbox_message::Entity::find();
-    Ok(Counts {
-        outbox_pending: outbox()
+    let outbox = OutboxCounts {
+        pending: outbox_message::Entity::find()
             .filter(O::PublishedAt.is_null())
             .filter(O::DeadAt.is_null())
             .count(db)
             .await?,
-        outbox_published: outbox()
+        published: outbox_message::Entity::find()
             .filter(O::PublishedAt.is_not_null())
             .count(db)
             .await?,
-        outbox_dead: outbox().filter(O::DeadAt.is_not_null()).count(db).await?,
-        inbox_processed: inbox_message::Entity::find()
-            .filter(inbox_message::Column::ProcessedAt.is_not_null())
+        dead: outbox_message::Entity::find()
+            .filter(O::PublishedAt.is_null())
+            .filter(O::DeadAt.is_not_null())
             .count(db)
             .await?,
-        inbox_claimed: inbox_message::Entity::find()
-            .filter(inbox_message::Column::ProcessedAt.is_null())
+    };
+    let open = || {
+        inbox_message::Entity::find()
+            .filter(I::ProcessedAt.is_null())
+            .filter(I::QuarantinedAt.is_null())
+    };
+    let inbox = InboxCounts {
+        processed: inbox_message::Entity::find()
+            .filter(I::ProcessedAt.is_not_null())
             .count(db)
             .await?,
-        dead_letters: dead_letter::Entity::find()
-            .filter(dead_letter::Column::ReplayedAt.is_null())
+        claimed: open().filter(I::LeaseUntil.gt(now)).count(db).await?,
+        expired_claims: open()
+            .filter(
+                sea_orm::Condition::any()
+                    .add(I::LeaseUntil.is_null())
+                    .add(I::LeaseUntil.lte(now)),
+            )
             .count(db)
             .await?,
+        quarantined: inbox_message::Entity::find()
+            .filter(I::ProcessedAt.is_null())
+            .filter(I::QuarantinedAt.is_not_null())
+            .count(db)
+            .await?,
+    };
+    let dead_letters_by_consumer: Vec<ConsumerCount> = dead_letter::Entity::find()
+        .select_only()
+        .column(dead_letter::Column::Consumer)
+        .column_as(dead_letter::Column::Id.count(), "count")
+        .filter(dead_letter::Column::ReplayedAt.is_null())
+        .group_by(dead_letter::Column::Consumer)
+        .order_by_asc(dead_letter::Column::Consumer)
+        .into_model()
+        .all(db)
+        .await?;
+    let dead_letters = dead_letters_by_consumer
+        .iter()
+        .map(|c| u64::try_from(c.count).unwrap_or(0))
+        .sum();
+    let oldest: Option<DateTime<Utc>> = outbox_message::Entity::find()
+        .select_only()
+        .column(O::CreatedAt)
+        .filter(O::PublishedAt.is_null())
+        .filter(O::DeadAt.is_null())
+        .order_by_asc(O::Id)
+        .into_tuple()
+        .one(db)
+        .await?;
+    let recent: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)> = outbox_message::Entity::find()
+        .select_only()
+        .column(O::CreatedAt)
+        .column(O::PublishedAt)
+        .filter(O::PublishedAt.is_not_null())
+        .order_by_desc(O::PublishedAt)
+        .limit(100)
+        .into_tuple()
+        .all(db)
+        .await?;
+    let lags: Vec<f64> = recent
+        .iter()
+        .filter_map(|(created, published)| {
+            published.map(|p| (p - *created).num_microseconds().unwrap_or(0) as f64 / 1000.0)
+        })
+        .collect();
+    Ok(Stats {
+        outbox,
+        inbox,
+        dead_letters,
+        dead_letters_by_consumer,
+        oldest_pending_age_seconds: oldest
+            .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
+        relay_lag_ms: (!lags.is_empty()).then(|| lags.iter().sum::<f64>() / lags.len() as f64),
+        throughput: throughput(db, now).await?,
+        generated_at: now,
     })
+}
+
+#[derive(Debug, FromQueryResult)]
+struct Bucket {
+    minute: String,
+    n: i64,
+}
+
+/// The SQL that truncates `column` to `YYYY-MM-DDTHH:MM` text on each backend.
+fn minute_of(backend: DbBackend, column: &str) -> String {
+    match backend {
+        DbBackend::Postgres => {
+            format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI')")
+        }
+        DbBackend::MySql => format!("DATE_FORMAT({column}, '%Y-%m-%dT%H:%i')"),
+        _ => format!("substr({column}, 1, 16)"),
+    }
+}
+
+async fn per_minute(
+    db: &DatabaseConnection,
+    table: &str,
+    column: &str,
+    since: DateTime<Utc>,
+) -> Result<Vec<Bucket>, DbErr> {
+    let backend = db.get_database_backend();
+    let bucket = minute_of(backend, column);
+    let placeholder = if backend == DbBackend::Postgres {
+        "$1"
+    } else {
+        "?"
+    };
+    let sql = format!(
+        "SELECT {bucket} AS minute, COUNT(*) AS n FROM {table} WHERE {column} >= {placeholder} GROUP BY {bucket}"
+    );
+    Bucket::find_by_statement(Statement::from_sql_and_values(backend, sql, [since.into()]))
+        .all(db)
+        .await
+}
+
+async fn throughput(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+) -> Result<Vec<MinuteCount>, DbErr> {
+    let current = now.duration_trunc(Duration::minutes(1)).unwrap_or(now);
+    let since = current - Duration::minutes(THROUGHPUT_MINUTES - 1);
+    let published = per_minute(db, "outbox_message", "published_at", since).await?;
+    let processed = per_minute(db, "inbox_message", "processed_at", since).await?;
+    let lookup = |buckets: &[Bucket], minute: &str| {
+        buckets
+            .iter()
+            .find(|b| b.minute == minute)
+            .map_or(0, |b| u64::try_from(b.n).unwrap_or(0))
+    };
+    Ok((0..THROUGHPUT_MINUTES)
+        .map(|i| {
+            let minute = since + Duration::minutes(i);
+            let key = minute.format("%Y-%m-%dT%H:%M").to_string();
+            MinuteCount {
+                minute,
+                published: lookup(&published, &key),
+                processed: lookup(&processed, &key),
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minute_buckets_are_text_on_every_backend() {
+        assert!(minute_of(DbBackend::Postgres, "c").contains("to_char"));
+        assert!(minute_of(DbBackend::MySql, "c").contains("DATE_FORMAT"));
+        assert_eq!(minute_of(DbBackend::Sqlite, "c"), "substr(c, 1, 16)");
+    }
 }

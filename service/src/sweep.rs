@@ -115,5 +115,8 @@ pub async fn sweep_claims(
             }
         }
     }
+    metrics::counter!("seawall_claim_sweeps_total").increment(1);
+    metrics::counter!("seawall_claims_released_total").increment(report.released);
+    metrics::counter!("seawall_claims_quarantined_total").increment(report.quarantined);
     Ok(report)
 }

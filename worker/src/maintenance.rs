@@ -43,8 +43,12 @@ pub async fn run_pruner(
 ) {
     loop {
         match prune(&db, &config, Utc::now()).await {
-            Ok(report) if report.inbox + report.outbox > 0 => tracing::info!(?report, "pruned"),
-            Ok(_) => {}
+            Ok(report) => {
+                report.record_metrics();
+                if report.inbox + report.outbox > 0 {
+                    tracing::info!(?report, "pruned");
+                }
+            }
             Err(err) => tracing::warn!(error = %err, "prune failed; will retry"),
         }
         tokio::select! {

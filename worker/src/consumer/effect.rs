@@ -34,7 +34,10 @@ pub(super) async fn apply(
     let db = consumer.inbox.executor().db();
     let guard = match claim(db, envelope, &consumer.registration.consumer, policy).await {
         Ok(ClaimOutcome::Acquired(guard)) => guard,
-        Ok(ClaimOutcome::AlreadyProcessed) => return Verdict::Ack,
+        Ok(ClaimOutcome::AlreadyProcessed) => {
+            consumer.count("duplicate");
+            return Verdict::Ack;
+        }
         Ok(ClaimOutcome::Quarantined) => return Verdict::Term,
         Ok(ClaimOutcome::InProgress { lease_until }) => {
             let wait = (lease_until - Utc::now()).to_std().unwrap_or_default();
@@ -53,11 +56,15 @@ pub(super) async fn apply(
             match guard.complete(result).await {
                 // Lost lease: another instance owns the claim now and will
                 // record it; this delivery is settled.
-                Ok(()) | Err(ClaimError::LeaseLost { .. }) => Verdict::Ack,
+                Ok(()) | Err(ClaimError::LeaseLost { .. }) => {
+                    consumer.count("processed");
+                    Verdict::Ack
+                }
                 Err(err) => consumer.retry_or_give_up(&err.to_string(), delivered),
             }
         }
         Err(err) => {
+            consumer.count("failed");
             let reason = err.to_string();
             if let Err(release) = guard.fail(&reason).await {
                 tracing::warn!(error = %release, "could not release the claim; it will expire");

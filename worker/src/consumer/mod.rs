@@ -241,15 +241,25 @@ impl Consumer {
             .await
         {
             Ok(outcome) => {
-                tracing::debug!(
-                    duplicate = matches!(outcome, service::Outcome::Duplicate),
-                    "acking"
-                );
+                let duplicate = matches!(outcome, service::Outcome::Duplicate);
+                self.count(if duplicate { "duplicate" } else { "processed" });
                 Verdict::Ack
             }
-            Err(err) if err.is_permanent() => Verdict::DeadLetter(err.to_string()),
-            Err(err) => self.retry_or_give_up(&err.to_string(), delivered),
+            Err(err) => {
+                self.count("failed");
+                if err.is_permanent() {
+                    Verdict::DeadLetter(err.to_string())
+                } else {
+                    self.retry_or_give_up(&err.to_string(), delivered)
+                }
+            }
         }
+    }
+
+    /// Counts a message outcome in `seawall_consumer_messages_total`.
+    fn count(&self, outcome: &'static str) {
+        metrics::counter!("seawall_consumer_messages_total", "consumer" => self.registration.consumer.to_string(), "outcome" => outcome)
+            .increment(1);
     }
 
     /// Nak for redelivery, or dead-letter when this was the last allowed delivery.
@@ -325,6 +335,7 @@ impl Consumer {
         };
         match row.record(self.inbox.executor().db()).await {
             Ok(()) => {
+                metrics::counter!("seawall_dead_letters_total", "consumer" => self.registration.consumer.to_string()).increment(1);
                 tracing::warn!(reason, "dead-lettered");
                 if let Err(err) = msg.double_ack_with(AckKind::Term).await {
                     tracing::warn!(error = %err, "term not confirmed; a redelivery may dead-letter it again");

@@ -187,6 +187,10 @@ impl Relay {
         report.published = usize::try_from(store::mark_published(&self.db, me, published).await?)
             .unwrap_or(usize::MAX);
         store::release(&self.db, me, released).await?;
+        metrics::histogram!("seawall_relay_batch_size").record(report.claimed as f64);
+        metrics::counter!("seawall_relay_published_total").increment(report.published as u64);
+        metrics::counter!("seawall_relay_failed_total").increment(report.failed as u64);
+        metrics::counter!("seawall_relay_dead_total").increment(report.dead as u64);
         Ok(report)
     }
 
@@ -207,6 +211,7 @@ impl Relay {
     }
 
     async fn publish(&self, row: &outbox_message::Model) -> Result<(), String> {
+        let started = std::time::Instant::now();
         let ack: PublishAckFuture = self
             .js
             .send_publish(row.subject.clone(), publish_message(row))
@@ -214,6 +219,8 @@ impl Relay {
             .map_err(|e| format!("publish to {}: {e}", row.subject))?;
         ack.await
             .map_err(|e| format!("PubAck for {}: {e}", row.subject))?;
+        metrics::histogram!("seawall_relay_publish_seconds")
+            .record(started.elapsed().as_secs_f64());
         Ok(())
     }
 

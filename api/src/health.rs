@@ -1,0 +1,65 @@
+//! `/healthz` (the process answers) and `/readyz` (it can do its job).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use migration::{Migrator, MigratorTrait};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::error::{ErrorBody, error_response};
+
+/// Liveness answer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: String,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+/// The database and NATS are reachable and the migrations are applied; 503
+/// naming the failing part otherwise.
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses((status = 200, body = Health), (status = 503, body = ErrorBody)))]
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let mut problems = Vec::new();
+    if let Err(err) = state.db.ping().await {
+        tracing::warn!(error = %err, "readiness: database unreachable");
+        problems.push("database unreachable".to_owned());
+    } else {
+        match Migrator::get_pending_migrations_read_only(&state.db).await {
+            Ok(pending) if pending.is_empty() => {}
+            Ok(pending) => problems.push(format!("{} migration(s) not applied", pending.len())),
+            Err(err) => {
+                tracing::warn!(error = %err, "readiness: cannot read migrations");
+                problems.push("migrations not readable".to_owned());
+            }
+        }
+    }
+    if let Some(client) = &state.nats
+        && client.connection_state() != async_nats::connection::State::Connected
+    {
+        problems.push("NATS not connected".to_owned());
+    }
+    if problems.is_empty() {
+        Json(Health {
+            status: "ok".into(),
+        })
+        .into_response()
+    } else {
+        error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            problems.join("; "),
+        )
+    }
+}

@@ -1,0 +1,188 @@
+//! `/api/v1/inbox`: markers and claims; release a stuck claim.
+
+use axum::Json;
+use axum::extract::State;
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use entity::inbox_message::{self, Column};
+
+use crate::AppState;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Path, Query};
+use crate::page::{Page, limit};
+
+/// State of an inbox marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InboxState {
+    /// The message was applied.
+    Processed,
+    /// A two-phase claim holds a live lease.
+    Claimed,
+    /// A claim whose lease ran out (or was released) without completion.
+    ExpiredClaim,
+    /// A claim a person must judge.
+    Quarantined,
+}
+
+/// Filters for the inbox list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InboxQuery {
+    /// Only markers of this consumer.
+    pub consumer: Option<String>,
+    /// Only markers in this state.
+    pub state: Option<InboxState>,
+    /// Only markers of this message id.
+    pub message_id: Option<String>,
+    /// Cursor: markers with an id below this one.
+    pub after: Option<i64>,
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<u64>,
+}
+
+/// An inbox marker.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct InboxRow {
+    pub id: i64,
+    pub message_id: String,
+    pub consumer: String,
+    pub state: InboxState,
+    pub received_at: DateTime<Utc>,
+    pub processed_at: Option<DateTime<Utc>>,
+    pub claimed_by: Option<String>,
+    pub claimed_at: Option<DateTime<Utc>>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub attempts: i32,
+    pub result: Option<String>,
+    pub quarantined_at: Option<DateTime<Utc>>,
+}
+
+fn state_of(m: &inbox_message::Model, now: DateTime<Utc>) -> InboxState {
+    if m.processed_at.is_some() {
+        InboxState::Processed
+    } else if m.quarantined_at.is_some() {
+        InboxState::Quarantined
+    } else if service::claim::lease_expired(m.lease_until, now) {
+        InboxState::ExpiredClaim
+    } else {
+        InboxState::Claimed
+    }
+}
+
+fn row(m: inbox_message::Model, now: DateTime<Utc>) -> InboxRow {
+    InboxRow {
+        state: state_of(&m, now),
+        id: m.id,
+        message_id: m.message_id,
+        consumer: m.consumer,
+        received_at: m.received_at,
+        processed_at: m.processed_at,
+        claimed_by: m.claimed_by,
+        claimed_at: m.claimed_at,
+        lease_until: m.lease_until,
+        attempts: m.attempts,
+        result: m.result,
+        quarantined_at: m.quarantined_at,
+    }
+}
+
+/// The SQL condition for a state at `now`.
+pub fn state_condition(state: InboxState, now: DateTime<Utc>) -> Condition {
+    let open = Condition::all()
+        .add(Column::ProcessedAt.is_null())
+        .add(Column::QuarantinedAt.is_null());
+    match state {
+        InboxState::Processed => Condition::all().add(Column::ProcessedAt.is_not_null()),
+        InboxState::Quarantined => Condition::all()
+            .add(Column::ProcessedAt.is_null())
+            .add(Column::QuarantinedAt.is_not_null()),
+        InboxState::Claimed => open.add(Column::LeaseUntil.gt(now)),
+        InboxState::ExpiredClaim => open.add(
+            Condition::any()
+                .add(Column::LeaseUntil.is_null())
+                .add(Column::LeaseUntil.lte(now)),
+        ),
+    }
+}
+
+/// Lists inbox markers, newest first.
+#[utoipa::path(get, path = "/api/v1/inbox", tag = "inbox", params(InboxQuery),
+    responses((status = 200, body = Page<InboxRow>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn list_inbox(
+    State(state): State<AppState>,
+    Query(q): Query<InboxQuery>,
+) -> Result<Json<Page<InboxRow>>, ApiError> {
+    let limit = limit(q.limit)?;
+    let now = Utc::now();
+    let mut cond = Condition::all();
+    if let Some(s) = q.state {
+        cond = cond.add(state_condition(s, now));
+    }
+    if let Some(c) = q.consumer {
+        cond = cond.add(Column::Consumer.eq(c));
+    }
+    if let Some(id) = q.message_id {
+        cond = cond.add(Column::MessageId.eq(id));
+    }
+    if let Some(after) = q.after {
+        cond = cond.add(Column::Id.lt(after));
+    }
+    let rows = inbox_message::Entity::find()
+        .filter(cond)
+        .order_by_desc(Column::Id)
+        .limit(limit + 1)
+        .all(&state.db)
+        .await?;
+    let rows = rows.into_iter().map(|m| row(m, now)).collect();
+    Ok(Json(Page::from_rows(rows, limit, |r: &InboxRow| r.id)))
+}
+
+/// Releases a stuck claim so the next delivery or replay takes it: an open
+/// claim loses its lease; a quarantined one (a person decided the effect did
+/// not happen) is un-quarantined with a fresh attempt count.
+#[utoipa::path(post, path = "/api/v1/inbox/{id}/release", tag = "inbox", params(("id" = i64, Path, description = "Inbox marker id")),
+    responses((status = 200, body = InboxRow), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn release_claim(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<InboxRow>, ApiError> {
+    let m = inbox_message::Entity::find_by_id(id)
+        .one(&state.db)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no inbox marker with id {id}")))?;
+    if m.processed_at.is_some() {
+        return Err(ApiError::Conflict(format!(
+            "inbox marker {id} is processed; there is no claim to release"
+        )));
+    }
+    let mut update = inbox_message::Entity::update_many()
+        .col_expr(
+            Column::LeaseUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .col_expr(Column::ClaimedBy, Expr::value(Option::<String>::None));
+    if m.quarantined_at.is_some() {
+        update = update
+            .col_expr(
+                Column::QuarantinedAt,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .col_expr(Column::Attempts, Expr::value(0));
+    }
+    update
+        .filter(Column::Id.eq(id))
+        .filter(Column::ProcessedAt.is_null())
+        .exec(&state.db)
+        .await?;
+    tracing::info!(id, message_id = %m.message_id, consumer = %m.consumer, "claim released by an operator");
+    let m = inbox_message::Entity::find_by_id(id)
+        .one(&state.db)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no inbox marker with id {id}")))?;
+    Ok(Json(row(m, Utc::now())))
+}

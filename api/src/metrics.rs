@@ -1,0 +1,81 @@
+//! `/metrics` in Prometheus text format.
+//!
+//! Counters and histograms are recorded where things happen (relay,
+//! consumer, executor, sweeper, pruner) through the `metrics` facade; the
+//! gauges that describe table state are refreshed from the same
+//! [`service::stats`] the dashboard shows, at scrape time, so every number on
+//! the dashboard is also a metric.
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::AppState;
+use crate::error::error_response;
+
+/// Installs the process-wide Prometheus recorder. Call once, early.
+///
+/// # Errors
+/// When a recorder is already installed.
+pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            &[
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ],
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("seawall_relay_batch_size".into()),
+            &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0],
+        )?
+        .install_recorder()
+}
+
+/// Prometheus text: refreshed table gauges plus everything recorded.
+#[utoipa::path(get, path = "/metrics", tag = "health", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+pub async fn render(State(state): State<AppState>) -> Response {
+    let Some(handle) = &state.metrics else {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "metrics are not enabled in this process",
+        );
+    };
+    match service::stats::stats(&state.db, Utc::now()).await {
+        Ok(stats) => {
+            let g = |status: &'static str, v: u64| {
+                metrics::gauge!("seawall_outbox_rows", "status" => status).set(v as f64)
+            };
+            g("pending", stats.outbox.pending);
+            g("published", stats.outbox.published);
+            g("dead", stats.outbox.dead);
+            let i = |s: &'static str, v: u64| {
+                metrics::gauge!("seawall_inbox_rows", "state" => s).set(v as f64)
+            };
+            i("processed", stats.inbox.processed);
+            i("claimed", stats.inbox.claimed);
+            i("expired_claim", stats.inbox.expired_claims);
+            i("quarantined", stats.inbox.quarantined);
+            metrics::gauge!("seawall_dead_letters_open").set(stats.dead_letters as f64);
+            for c in &stats.dead_letters_by_consumer {
+                metrics::gauge!("seawall_dead_letters_open_by_consumer", "consumer" => c.consumer.clone()).set(c.count as f64);
+            }
+            metrics::gauge!("seawall_outbox_oldest_pending_age_seconds")
+                .set(stats.oldest_pending_age_seconds.unwrap_or(0.0));
+            metrics::gauge!("seawall_relay_lag_ms").set(stats.relay_lag_ms.unwrap_or(0.0));
+            if let Some(last) = stats.throughput.last() {
+                metrics::gauge!("seawall_published_current_minute").set(last.published as f64);
+                metrics::gauge!("seawall_processed_current_minute").set(last.processed as f64);
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "metrics: could not refresh table gauges"),
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,285 @@
+//! `/api/v1/outbox`: see what waits, what went out, what died; retry.
+
+use axum::Json;
+use axum::extract::State;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use entity::outbox_message::{self, Column};
+
+use crate::AppState;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Json as Body, Path, Query};
+use crate::page::{Page, limit};
+
+/// Publication state of an outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OutboxStatus {
+    /// Waiting for the relay (possibly backing off after failures).
+    Pending,
+    /// Acknowledged by JetStream.
+    Published,
+    /// Gave up after the attempt limit; waits for a retry.
+    Dead,
+}
+
+/// Filters for the outbox list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OutboxQuery {
+    /// Only rows in this state.
+    pub status: Option<OutboxStatus>,
+    /// Only rows on this subject.
+    pub subject: Option<String>,
+    /// Only rows created at or after this time (RFC 3339).
+    pub from: Option<DateTime<Utc>>,
+    /// Only rows created before this time (RFC 3339).
+    pub to: Option<DateTime<Utc>>,
+    /// Only the row with this message id.
+    pub message_id: Option<String>,
+    /// Cursor: rows with an id below this one (from `next_after`).
+    pub after: Option<i64>,
+    /// Page size, 1 to 500 (default 50).
+    pub limit: Option<u64>,
+}
+
+/// An outbox row without its payload.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub message_id: String,
+    pub subject: String,
+    pub status: OutboxStatus,
+    pub ordering_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: DateTime<Utc>,
+    pub dead_at: Option<DateTime<Utc>>,
+}
+
+/// An outbox row with payload and headers.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutboxDetail {
+    #[serde(flatten)]
+    pub row: OutboxRow,
+    /// The payload: UTF-8 text, or base64 when it is not valid UTF-8.
+    pub payload: String,
+    /// `utf8` or `base64`.
+    pub payload_encoding: String,
+    /// NATS headers as a JSON object.
+    pub headers: serde_json::Value,
+}
+
+/// Which dead rows a bulk retry resets.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct RetryFilter {
+    /// Only rows on this subject.
+    pub subject: Option<String>,
+    /// Only rows created at or after this time.
+    pub from: Option<DateTime<Utc>>,
+    /// Only rows created before this time.
+    pub to: Option<DateTime<Utc>>,
+}
+
+/// How many rows a bulk action changed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Affected {
+    pub affected: u64,
+}
+
+fn status_of(m: &outbox_message::Model) -> OutboxStatus {
+    if m.published_at.is_some() {
+        OutboxStatus::Published
+    } else if m.dead_at.is_some() {
+        OutboxStatus::Dead
+    } else {
+        OutboxStatus::Pending
+    }
+}
+
+impl From<outbox_message::Model> for OutboxRow {
+    fn from(m: outbox_message::Model) -> Self {
+        Self {
+            status: status_of(&m),
+            id: m.id,
+            message_id: m.message_id,
+            subject: m.subject,
+            ordering_key: m.ordering_key,
+            created_at: m.created_at,
+            published_at: m.published_at,
+            attempts: m.attempts,
+            last_error: m.last_error,
+            next_attempt_at: m.next_attempt_at,
+            dead_at: m.dead_at,
+        }
+    }
+}
+
+/// Text when the bytes are UTF-8, base64 otherwise.
+pub fn encode_payload(bytes: &[u8]) -> (String, String) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (text.to_owned(), "utf8".to_owned()),
+        Err(_) => (
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+            "base64".to_owned(),
+        ),
+    }
+}
+
+fn status_condition(status: OutboxStatus) -> Condition {
+    match status {
+        OutboxStatus::Pending => Condition::all()
+            .add(Column::PublishedAt.is_null())
+            .add(Column::DeadAt.is_null()),
+        OutboxStatus::Published => Condition::all().add(Column::PublishedAt.is_not_null()),
+        OutboxStatus::Dead => Condition::all()
+            .add(Column::DeadAt.is_not_null())
+            .add(Column::PublishedAt.is_null()),
+    }
+}
+
+fn time_range(
+    from: Option<DateTime<Utc>>,
+    to: Option<DateTime<Utc>>,
+) -> Result<Condition, ApiError> {
+    if let (Some(f), Some(t)) = (from, to)
+        && f > t
+    {
+        return Err(ApiError::BadRequest("from must not be after to".into()));
+    }
+    let mut cond = Condition::all();
+    if let Some(f) = from {
+        cond = cond.add(Column::CreatedAt.gte(f));
+    }
+    if let Some(t) = to {
+        cond = cond.add(Column::CreatedAt.lt(t));
+    }
+    Ok(cond)
+}
+
+/// Lists outbox rows, newest first.
+#[utoipa::path(get, path = "/api/v1/outbox", tag = "outbox", params(OutboxQuery),
+    responses((status = 200, body = Page<OutboxRow>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn list_outbox(
+    State(state): State<AppState>,
+    Query(q): Query<OutboxQuery>,
+) -> Result<Json<Page<OutboxRow>>, ApiError> {
+    let limit = limit(q.limit)?;
+    let mut cond = time_range(q.from, q.to)?;
+    if let Some(status) = q.status {
+        cond = cond.add(status_condition(status));
+    }
+    if let Some(subject) = q.subject {
+        cond = cond.add(Column::Subject.eq(subject));
+    }
+    if let Some(id) = q.message_id {
+        cond = cond.add(Column::MessageId.eq(id));
+    }
+    if let Some(after) = q.after {
+        cond = cond.add(Column::Id.lt(after));
+    }
+    let rows = outbox_message::Entity::find()
+        .filter(cond)
+        .order_by_desc(Column::Id)
+        .limit(limit + 1)
+        .all(&state.db)
+        .await?;
+    let rows = rows.into_iter().map(OutboxRow::from).collect();
+    Ok(Json(Page::from_rows(rows, limit, |r: &OutboxRow| r.id)))
+}
+
+async fn find(state: &AppState, id: i64) -> Result<outbox_message::Model, ApiError> {
+    outbox_message::Entity::find_by_id(id)
+        .one(&state.db)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no outbox row with id {id}")))
+}
+
+/// One outbox row with payload and headers.
+#[utoipa::path(get, path = "/api/v1/outbox/{id}", tag = "outbox", params(("id" = i64, Path, description = "Outbox row id")),
+    responses((status = 200, body = OutboxDetail), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get_outbox(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<OutboxDetail>, ApiError> {
+    let m = find(&state, id).await?;
+    let (payload, payload_encoding) = encode_payload(&m.payload);
+    let headers = m.headers.clone();
+    Ok(Json(OutboxDetail {
+        row: m.into(),
+        payload,
+        payload_encoding,
+        headers,
+    }))
+}
+
+/// Makes a dead (or backing-off) row publishable again now, with a fresh attempt count.
+#[utoipa::path(post, path = "/api/v1/outbox/{id}/retry", tag = "outbox", params(("id" = i64, Path, description = "Outbox row id")),
+    responses((status = 200, body = OutboxRow), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn retry_outbox(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<OutboxRow>, ApiError> {
+    let m = find(&state, id).await?;
+    if m.published_at.is_some() {
+        return Err(ApiError::Conflict(format!(
+            "outbox row {id} is already published"
+        )));
+    }
+    reset(
+        &state,
+        Condition::all()
+            .add(Column::Id.eq(id))
+            .add(Column::PublishedAt.is_null()),
+    )
+    .await?;
+    Ok(Json(find(&state, id).await?.into()))
+}
+
+/// Makes every dead row matching the filter publishable again.
+#[utoipa::path(post, path = "/api/v1/outbox/retry", tag = "outbox", request_body = RetryFilter,
+    responses((status = 200, body = Affected), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn retry_dead(
+    State(state): State<AppState>,
+    Body(filter): Body<RetryFilter>,
+) -> Result<Json<Affected>, ApiError> {
+    let mut cond = time_range(filter.from, filter.to)?.add(status_condition(OutboxStatus::Dead));
+    if let Some(subject) = filter.subject {
+        cond = cond.add(Column::Subject.eq(subject));
+    }
+    Ok(Json(Affected {
+        affected: reset(&state, cond).await?,
+    }))
+}
+
+async fn reset(state: &AppState, cond: Condition) -> Result<u64, ApiError> {
+    let res = outbox_message::Entity::update_many()
+        .col_expr(Column::DeadAt, Expr::value(Option::<DateTime<Utc>>::None))
+        .col_expr(Column::Attempts, Expr::value(0))
+        .col_expr(Column::NextAttemptAt, Expr::value(Utc::now()))
+        .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
+        .col_expr(
+            Column::LockedUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .filter(cond)
+        .exec(&state.db)
+        .await?;
+    if res.rows_affected > 0 {
+        if let Some(wake) = &state.relay_wake {
+            wake.notify_one();
+        }
+        tracing::info!(
+            rows = res.rows_affected,
+            "outbox rows reset for retry by an operator"
+        );
+    }
+    Ok(res.rows_affected)
+}
