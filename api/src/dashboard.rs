@@ -6,7 +6,8 @@ use axum::response::Html;
 
 const PAGE: &str = include_str!("dashboard.html");
 
-/// The page.
+/// The dashboard page (HTML; it calls the API with the operator's token).
+#[utoipa::path(get, path = "/", tag = "health", responses((status = 200, description = "The dashboard", content_type = "text/html")))]
 pub async fn page() -> Html<&'static str> {
     Html(PAGE)
 }

@@ -33,6 +33,9 @@ pub enum ApiError {
     /// A parameter or body was invalid; the message names it.
     #[error("{0}")]
     BadRequest(String),
+    /// The request body is larger than the configured limit.
+    #[error("request body is too large")]
+    PayloadTooLarge,
     /// Missing or wrong bearer token.
     #[error("missing or invalid bearer token")]
     Unauthorized,
@@ -54,6 +57,7 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str) {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            Self::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),

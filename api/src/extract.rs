@@ -51,7 +51,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
             .await
             .map(|j| Self(j.0))
             .map_err(|e: JsonRejection| {
-                ApiError::BadRequest(format!("invalid JSON body: {}", e.body_text()))
+                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::PayloadTooLarge
+                } else {
+                    ApiError::BadRequest(format!("invalid JSON body: {}", e.body_text()))
+                }
             })
     }
 }

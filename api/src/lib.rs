@@ -165,22 +165,23 @@ fn public() -> OpenApiRouter<AppState> {
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(metrics::render))
+        .routes(routes!(dashboard::page))
 }
 
 /// The OpenAPI document: every route the router serves, generated from the
 /// handlers' annotations.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = protected().split_for_parts();
-    let (_, public_doc) = public().split_for_parts();
-    for (path, mut item) in public_doc.paths.paths {
-        // Health and metrics need no token.
+    let (_, mut public_doc) = public().split_for_parts();
+    for item in public_doc.paths.paths.values_mut() {
+        // Health, metrics and the page need no token.
         for op in [&mut item.get, &mut item.post].into_iter().flatten() {
             op.security = Some(vec![
                 utoipa::openapi::security::SecurityRequirement::default(),
             ]);
         }
-        doc.paths.paths.insert(path, item);
     }
+    doc.merge(public_doc);
     doc
 }
 
@@ -212,7 +213,6 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(protected)
         .merge(public)
-        .route("/", axum::routing::get(dashboard::page))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit))
@@ -236,8 +236,24 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
-    let local = listener.local_addr().unwrap_or(addr);
-    tracing::info!(%local, "admin API listening");
+    serve_listener(listener, state, cancel).await
+}
+
+/// Serves on an already bound listener (tests bind port 0 and read it back).
+///
+/// # Errors
+/// [`ServeError::Bind`] when the listener fails.
+pub async fn serve_listener(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    cancel: CancellationToken,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })?;
+    check_exposure(addr, state.config.token.as_deref())?;
+    tracing::info!(%addr, "admin API listening");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await

@@ -35,7 +35,7 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
 }
 
 /// Prometheus text: refreshed table gauges plus everything recorded.
-#[utoipa::path(get, path = "/metrics", tag = "health", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+#[utoipa::path(get, path = "/metrics", tag = "health", responses((status = 200, description = "Prometheus text format", content_type = "text/plain"), (status = 404, body = crate::ErrorBody, description = "Metrics are not enabled in this process")))]
 pub async fn render(State(state): State<AppState>) -> Response {
     let Some(handle) = &state.metrics else {
         return error_response(

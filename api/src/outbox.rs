@@ -245,7 +245,7 @@ pub async fn retry_outbox(
 
 /// Makes every dead row matching the filter publishable again.
 #[utoipa::path(post, path = "/api/v1/outbox/retry", tag = "outbox", request_body = RetryFilter,
-    responses((status = 200, body = Affected), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+    responses((status = 200, body = Affected), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 413, body = ErrorBody)))]
 pub async fn retry_dead(
     State(state): State<AppState>,
     Body(filter): Body<RetryFilter>,

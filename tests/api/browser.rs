@@ -1,0 +1,103 @@
+//! The dashboard in a real headless Chromium: it loads, shows the numbers the
+//! API reports, and its replay button moves a dead letter back into flow.
+
+use std::time::Duration;
+
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+use entity::{credit, dead_letter};
+
+use crate::harness::{TOKEN, dead};
+use crate::support::nats::NatsServer;
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb, wait_until};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
+    let python = std::env::var("SEAWALL_TEST_PYTHON")
+        .expect("SEAWALL_TEST_PYTHON: run the suite with scripts/test");
+    let t = TestDb::new(Backend::Sqlite).await;
+    let nats = NatsServer::start().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let base = format!("http://{addr}");
+    let env = vec![
+        ("SEAWALL_DATABASE_URL", t.url.clone()),
+        ("SEAWALL_NATS_URL", nats.url()),
+        ("SEAWALL_API_ADDR", addr.clone()),
+        ("SEAWALL_ADMIN_TOKEN", TOKEN.to_owned()),
+    ];
+    let mut run = Seawall::spawn(&["run"], &env);
+    let http = reqwest::Client::new();
+    wait_until("the API to answer", Duration::from_secs(30), || async {
+        http.get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    // A credit request that failed earlier and was dead-lettered; it is valid
+    // now, so a replay applies it.
+    dead_letter::Entity::insert(dead("credit", Some("replay-me")))
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    dead_letter::Entity::insert(dead("credit", None))
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    let id = dead_letter::Entity::find()
+        .filter(dead_letter::Column::MessageId.eq("replay-me"))
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+
+    let screenshot = std::env::temp_dir().join("seawall-dashboard.png");
+    let out = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/api/dashboard_check.py"
+        ))
+        .args([&base, TOKEN, &id.to_string(), screenshot.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "browser check failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("dashboard screenshot: {}", screenshot.display());
+
+    wait_until(
+        "the replayed credit to be applied",
+        Duration::from_secs(30),
+        || async {
+            credit::Entity::find()
+                .filter(credit::Column::MessageId.eq("replay-me"))
+                .one(&t.db)
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    let row = dead_letter::Entity::find_by_id(id)
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(row.replayed_at.is_some());
+    assert!(run.terminate().await.success());
+    run.assert_no_panic();
+}

@@ -1,0 +1,60 @@
+"""Drives the seawall dashboard in headless Chromium.
+
+Usage: dashboard_check.py BASE_URL TOKEN DEAD_LETTER_ID SCREENSHOT
+
+Loads the page, enters the token, checks that the cards show the numbers the
+API reports, clicks the replay button of the given dead letter, and waits for
+the page to confirm it. Exits non-zero with a message on any mismatch.
+"""
+import json
+import os
+import sys
+import urllib.request
+
+from playwright.sync_api import sync_playwright
+
+base, token, dead_letter_id, screenshot = sys.argv[1:5]
+
+
+def api(path):
+    req = urllib.request.Request(base + "/api/v1" + path, headers={"Authorization": "Bearer " + token})
+    with urllib.request.urlopen(req) as res:
+        return json.load(res)
+
+
+with sync_playwright() as p:
+    browser = p.chromium.launch(
+        executable_path=os.environ.get("SEAWALL_TEST_CHROMIUM", "/usr/bin/chromium"),
+        args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    )
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    page.goto(base + "/")
+    page.fill("#token", token)
+    page.click("#save-token")
+    page.wait_for_function("document.body.dataset.loaded !== undefined", timeout=15000)
+    # Auto-refresh off, so the numbers compared below are from one moment.
+    page.uncheck("#auto-refresh")
+    page.click("#save-token")
+    before = page.evaluate("document.body.dataset.loaded")
+    page.wait_for_function(f"document.body.dataset.loaded !== '{before}'", timeout=15000)
+    stats = api("/stats")
+    shown = {
+        "stat-outbox-pending": stats["outbox"]["pending"],
+        "stat-outbox-published": stats["outbox"]["published"],
+        "stat-outbox-dead": stats["outbox"]["dead"],
+        "stat-inbox-processed": stats["inbox"]["processed"],
+        "stat-inbox-expired": stats["inbox"]["expired_claims"],
+        "stat-dead-letters": stats["dead_letters"],
+    }
+    for element, expected in shown.items():
+        text = page.inner_text("#" + element)
+        if text != str(expected):
+            sys.exit(f"{element} shows {text!r}, the API reports {expected}")
+    page.screenshot(path=screenshot, full_page=True)
+    button = "#replay-dead-letter-" + dead_letter_id
+    page.wait_for_selector(button, timeout=10000)
+    page.click(button)
+    page.wait_for_function("document.getElementById('status').textContent.includes('Replay done')", timeout=15000)
+    browser.close()
+print("dashboard ok")

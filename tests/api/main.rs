@@ -1,0 +1,10 @@
+//! Admin API tests: every endpoint against a real server on a real database.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod browser;
+mod endpoints;
+mod harness;
+mod openapi;
+mod schemathesis;
