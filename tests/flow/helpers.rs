@@ -26,6 +26,9 @@ pub fn env(db_url: &str, nats_url: &str, extra: &[(&str, &str)]) -> Vec<(&'stati
         ("SEAWALL_DATABASE_URL", db_url.to_owned()),
         ("SEAWALL_NATS_URL", nats_url.to_owned()),
         ("SEAWALL_RELAY_POLL_MS", "200".to_owned()),
+        // `run` serves the admin API too; tests run in parallel, so each
+        // takes a free port.
+        ("SEAWALL_API_ADDR", "127.0.0.1:0".to_owned()),
     ];
     for (k, v) in extra {
         let key: &'static str = Box::leak(k.to_string().into_boxed_str());

@@ -44,6 +44,8 @@ pub struct RelayConfig {
     pub retry_base: Duration,
     /// Longest backoff.
     pub retry_max: Duration,
+    /// On PostgreSQL, also wake on `LISTEN/NOTIFY` from other processes' commits.
+    pub listen: bool,
 }
 
 impl Default for RelayConfig {
@@ -56,6 +58,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             retry_base: Duration::from_millis(200),
             retry_max: Duration::from_secs(60),
+            listen: true,
         }
     }
 }
@@ -241,7 +244,7 @@ impl Relay {
     /// Never for database trouble (logged and retried after the poll
     /// interval); only if the PostgreSQL listener cannot be set up at all.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), RelayError> {
-        let _listener = if self.db.get_database_backend() == DbBackend::Postgres {
+        let _listener = if self.config.listen && self.db.get_database_backend() == DbBackend::Postgres {
             Some(crate::notify::spawn_pg_listener(
                 &self.db,
                 self.wake.clone(),

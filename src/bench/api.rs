@@ -1,0 +1,121 @@
+//! The admin API on big tables: p50/p95 per endpoint with 1,000,000 rows in
+//! the outbox and 1,000,000 in the inbox, on PostgreSQL.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use tokio_util::sync::CancellationToken;
+
+use super::report::{Report, quantile};
+
+const TOKEN: &str = "bench";
+
+/// Fills the tables with `rows` rows each, as a long-running system would
+/// have them: almost all published/processed over the last week, a few
+/// pending, dead, claimed, expired, quarantined.
+async fn fill(db: &sea_orm::DatabaseConnection, rows: u64) -> Result<()> {
+    let outbox = format!(
+        "INSERT INTO outbox_message (message_id, subject, payload, headers, ordering_key, created_at, published_at, attempts, last_error, next_attempt_at, dead_at)
+         SELECT 'm-' || g, 'events.s' || (g % 10), convert_to('{{\"n\":' || g || '}}', 'UTF8'), '{{}}'::json,
+                CASE WHEN g % 3 = 0 THEN 'key-' || (g % 1000) END,
+                now() - ((({rows} - g)::float8 / {rows}) * interval '7 days'),
+                CASE WHEN g % 200 = 1 OR g % 200 = 2 THEN NULL ELSE now() - ((({rows} - g)::float8 / {rows}) * interval '7 days') + interval '20 ms' END,
+                CASE WHEN g % 200 = 2 THEN 10 ELSE 0 END,
+                CASE WHEN g % 200 = 2 THEN 'no stream for subject' END,
+                now(),
+                CASE WHEN g % 200 = 2 THEN now() END
+         FROM generate_series(1, {rows}) AS g"
+    );
+    let inbox = format!(
+        "INSERT INTO inbox_message (message_id, consumer, received_at, processed_at, claimed_by, claimed_at, lease_until, attempts, quarantined_at)
+         SELECT 'm-' || g, CASE WHEN g % 4 = 0 THEN 'notify' ELSE 'credit' END,
+                now() - ((({rows} - g)::float8 / {rows}) * interval '7 days'),
+                CASE WHEN g % 500 IN (1, 2, 3) THEN NULL ELSE now() - ((({rows} - g)::float8 / {rows}) * interval '7 days') END,
+                CASE WHEN g % 500 IN (1, 2, 3) THEN 'w' END,
+                CASE WHEN g % 500 IN (1, 2, 3) THEN now() END,
+                CASE WHEN g % 500 = 1 THEN now() + interval '1 hour' WHEN g % 500 = 2 THEN now() - interval '1 hour' END,
+                1,
+                CASE WHEN g % 500 = 3 THEN now() END
+         FROM generate_series(1, {rows}) AS g"
+    );
+    let dead = "INSERT INTO dead_letter (consumer, message_id, subject, payload, headers, error, deliveries, created_at)
+         SELECT 'credit', 'd-' || g, 'credits.requested', convert_to('{}', 'UTF8'), '{}'::json, 'malformed', 1, now() FROM generate_series(1, 500) AS g";
+    for sql in [outbox.as_str(), inbox.as_str(), dead, "VACUUM ANALYZE outbox_message", "VACUUM ANALYZE inbox_message", "VACUUM ANALYZE dead_letter"] {
+        db.execute_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned())).await?;
+    }
+    Ok(())
+}
+
+/// Runs the scenario.
+pub async fn run(pg: &str, rows: u64, requests: usize) -> Result<Report> {
+    let (db, _url) = super::fresh_pg(pg, "api").await?;
+    let mut report = Report::new("api");
+    report.versions.push(("PostgreSQL".into(), super::pg_version(&db).await?));
+    eprintln!("filling {rows} outbox rows and {rows} inbox rows...");
+    let started = Instant::now();
+    fill(&db, rows).await?;
+    report.setup.push(("rows".into(), format!("{rows} outbox_message + {rows} inbox_message + 500 dead_letter")));
+    report.setup.push(("fill".into(), format!("{:.1} s", started.elapsed().as_secs_f64())));
+    report.setup.push(("requests".into(), format!("{requests} per endpoint, sequential, over loopback HTTP, after 3 warm-up requests")));
+
+    let state = api::AppState {
+        db: db.clone(),
+        nats: None,
+        jetstream: None,
+        relay_wake: None,
+        metrics: None,
+        config: Arc::new(api::ApiConfig {
+            token: Some(TOKEN.into()),
+            ..api::ApiConfig::default()
+        }),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let cancel = CancellationToken::new();
+    tokio::spawn(api::serve_listener(listener, state, cancel.clone()));
+    let http = reqwest::Client::new();
+    let mid = rows / 2;
+    let endpoints = [
+        "/api/v1/stats".to_owned(),
+        "/api/v1/outbox".to_owned(),
+        "/api/v1/outbox?status=pending".to_owned(),
+        "/api/v1/outbox?status=dead".to_owned(),
+        "/api/v1/outbox?status=published&limit=500".to_owned(),
+        "/api/v1/outbox?subject=events.s3".to_owned(),
+        format!("/api/v1/outbox?after={mid}"),
+        "/api/v1/outbox?message_id=m-4242".to_owned(),
+        "/api/v1/inbox".to_owned(),
+        "/api/v1/inbox?state=expired_claim".to_owned(),
+        "/api/v1/inbox?state=quarantined".to_owned(),
+        "/api/v1/inbox?consumer=notify".to_owned(),
+        "/api/v1/dead-letters".to_owned(),
+    ];
+    for path in &endpoints {
+        let mut samples = Vec::with_capacity(requests);
+        for i in 0..requests + 3 {
+            let t0 = Instant::now();
+            let res = http.get(format!("{base}{path}")).bearer_auth(TOKEN).send().await?;
+            let status = res.status();
+            res.bytes().await?;
+            anyhow::ensure!(status.is_success(), "{path} answered {status}");
+            if i >= 3 {
+                samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        samples.sort_by(f64::total_cmp);
+        report.row(
+            path.clone(),
+            vec![
+                ("p50 ms", format!("{:.1}", quantile(&samples, 0.5))),
+                ("p95 ms", format!("{:.1}", quantile(&samples, 0.95))),
+                ("max ms", format!("{:.1}", quantile(&samples, 1.0))),
+            ],
+        );
+        eprintln!("  {path}: p95 {:.1} ms", quantile(&samples, 0.95));
+    }
+    cancel.cancel();
+    db.close().await.context("closing")?;
+    Ok(report)
+}

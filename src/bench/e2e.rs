@@ -1,0 +1,96 @@
+//! End to end: `credits.requested` published to JetStream, through the
+//! consumer, the inbox, the outbox and the relay, to a subscriber of
+//! `credits.applied`. The scenario deletes and recreates the CREDITS stream,
+//! so point it only at a NATS server of its own (the scripts start one).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use std::future::IntoFuture;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream::{self, message::PublishMessage};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use migration::MigratorTrait;
+use sea_orm::DatabaseConnection;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use service::credits::{APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, CreditRequest, REQUESTED_SUBJECT};
+use service::{ConsumerName, Executor, Inbox, Registry};
+use worker::{Consumer, ConsumerConfig, Relay, RelayConfig};
+
+use super::report::Report;
+
+async fn measure(db: DatabaseConnection, js: &jetstream::Context, client: &async_nats::Client, messages: u64) -> Result<f64> {
+    let _ = js.delete_stream(CREDITS_STREAM).await;
+    worker::ensure_stream(js, &crate::serve::streams(&crate::config::Settings::default())[0]).await?;
+    let wake = Arc::new(Notify::new());
+    let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
+    let cancel = CancellationToken::new();
+    let registry = Registry::new().register(ConsumerName::parse(CREDIT_CONSUMER)?, REQUESTED_SUBJECT, CreditHandler::default());
+    let consumer = Consumer::new(inbox, js.clone(), registry.registrations()[0].clone(), ConsumerConfig { concurrency: 32, ..ConsumerConfig::default() });
+    consumer.ensure().await?;
+    let relay = Relay::new(db, js.clone(), RelayConfig::default(), wake);
+    let tasks = [
+        {
+            let cancel = cancel.clone();
+            tokio::spawn(async move { consumer.run(cancel).await.map_err(anyhow::Error::from) })
+        },
+        {
+            let cancel = cancel.clone();
+            tokio::spawn(async move { relay.run(cancel).await.map_err(anyhow::Error::from) })
+        },
+    ];
+    let mut applied = client.subscribe(APPLIED_SUBJECT).await?;
+    client.flush().await?;
+    let payload = serde_json::to_vec(&CreditRequest { account_id: "bench".into(), amount: 1, reference: None })?;
+    let started = Instant::now();
+    let mut acks = FuturesUnordered::new();
+    for i in 0..messages {
+        // Accounts spread over 500 ids so handlers do not all contend on one row.
+        let payload = serde_json::to_vec(&CreditRequest { account_id: format!("bench-{}", i % 500), amount: 1, reference: None })
+            .unwrap_or_else(|_| payload.clone());
+        let msg = PublishMessage::build().payload(payload.into()).message_id(format!("e2e-{i}"));
+        acks.push(js.send_publish(REQUESTED_SUBJECT, msg).await?.into_future());
+    }
+    while let Some(ack) = acks.next().await {
+        ack?;
+    }
+    let mut received = 0;
+    while received < messages {
+        tokio::time::timeout(Duration::from_secs(60), applied.next())
+            .await
+            .context("events stopped arriving")?
+            .context("subscription closed")?;
+        received += 1;
+    }
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    cancel.cancel();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(rate)
+}
+
+/// Runs the scenario on SQLite and PostgreSQL.
+pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
+    let mut report = Report::new("e2e");
+    let client = crate::serve::connect_nats(nats_url).await?;
+    report.versions.push(("nats-server".into(), client.server_info().version.clone()));
+    let js = jetstream::new(client.clone());
+    report.setup.push(("messages".into(), format!("{messages} credits.requested published pipelined; timed until the subscriber saw every credits.applied")));
+    report.setup.push(("process".into(), "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`".into()));
+    let dir = tempfile::tempdir()?;
+    let sqlite = service::db::connect(&format!("sqlite://{}?mode=rwc", dir.path().join("e2e.db").display()), 16).await?;
+    migration::Migrator::up(&sqlite, None).await?;
+    let (pg_db, _) = super::fresh_pg(pg, "e2e").await?;
+    report.versions.push(("PostgreSQL".into(), super::pg_version(&pg_db).await?));
+    for (label, db) in [("SQLite", sqlite), ("PostgreSQL", pg_db)] {
+        let rate = measure(db, &js, &client, messages).await?;
+        eprintln!("  {label}: {rate:.0} messages/s");
+        report.row(label, vec![("messages/s end to end", format!("{rate:.0}"))]);
+    }
+    Ok(report)
+}
