@@ -13,11 +13,36 @@ pub struct Migration;
 
 /// (name, table, columns, partial-index predicate).
 const INDEXES: &[(&str, &str, &str, Option<&str>)] = &[
-    ("ix_outbox_message_subject", "outbox_message", "subject, id", None),
-    ("ix_outbox_message_dead", "outbox_message", "id", Some("dead_at IS NOT NULL")),
-    ("ix_outbox_message_unpublished", "outbox_message", "id", Some("published_at IS NULL")),
-    ("ix_inbox_message_consumer", "inbox_message", "consumer, id", None),
-    ("ix_inbox_message_open", "inbox_message", "id", Some("processed_at IS NULL")),
+    (
+        "ix_outbox_message_subject",
+        "outbox_message",
+        "subject, id",
+        None,
+    ),
+    (
+        "ix_outbox_message_dead",
+        "outbox_message",
+        "id",
+        Some("dead_at IS NOT NULL"),
+    ),
+    (
+        "ix_outbox_message_unpublished",
+        "outbox_message",
+        "id",
+        Some("published_at IS NULL"),
+    ),
+    (
+        "ix_inbox_message_consumer",
+        "inbox_message",
+        "consumer, id",
+        None,
+    ),
+    (
+        "ix_inbox_message_open",
+        "inbox_message",
+        "id",
+        Some("processed_at IS NULL"),
+    ),
 ];
 
 #[async_trait::async_trait]
@@ -33,7 +58,9 @@ impl MigrationTrait for Migration {
                     format!("CREATE INDEX {name} ON {table} ({column}, {columns})")
                 }
                 (DbBackend::MySql, None) => format!("CREATE INDEX {name} ON {table} ({columns})"),
-                (_, Some(p)) => format!("CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns}) WHERE {p}"),
+                (_, Some(p)) => {
+                    format!("CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns}) WHERE {p}")
+                }
                 (_, None) => format!("CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns})"),
             };
             db.execute_unprepared(&sql).await?;

@@ -40,19 +40,32 @@ fn classification(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group("classify");
     for (name, shape) in &shapes {
-        group.bench_function(*name, |b| b.iter(|| classify_shape(std::hint::black_box(shape))));
+        group.bench_function(*name, |b| {
+            b.iter(|| classify_shape(std::hint::black_box(shape)))
+        });
     }
     group.finish();
 }
 
 fn envelopes(c: &mut Criterion) {
-    let nats: BTreeMap<String, String> = [("Nats-Msg-Id".to_owned(), "01a22cc3-3b8c-7739-9ec3-f8f8128b6dc1".to_owned())].into();
-    let cloudevents: BTreeMap<String, String> =
-        [("ce-source".to_owned(), "/orders".to_owned()), ("ce-id".to_owned(), "42".to_owned())].into();
+    let nats: BTreeMap<String, String> = [(
+        "Nats-Msg-Id".to_owned(),
+        "01a22cc3-3b8c-7739-9ec3-f8f8128b6dc1".to_owned(),
+    )]
+    .into();
+    let cloudevents: BTreeMap<String, String> = [
+        ("ce-source".to_owned(), "/orders".to_owned()),
+        ("ce-id".to_owned(), "42".to_owned()),
+    ]
+    .into();
     let payload = br#"{"account_id":"acct-1","amount":250}"#.to_vec();
     let mut group = c.benchmark_group("envelope");
-    group.bench_function("id from Nats-Msg-Id", |b| b.iter(|| message_id_from_headers(std::hint::black_box(&nats))));
-    group.bench_function("id from CloudEvents", |b| b.iter(|| message_id_from_headers(std::hint::black_box(&cloudevents))));
+    group.bench_function("id from Nats-Msg-Id", |b| {
+        b.iter(|| message_id_from_headers(std::hint::black_box(&nats)))
+    });
+    group.bench_function("id from CloudEvents", |b| {
+        b.iter(|| message_id_from_headers(std::hint::black_box(&cloudevents)))
+    });
     group.bench_function("from_delivery", |b| {
         b.iter(|| Envelope::from_delivery("credits.requested", nats.clone(), payload.clone()))
     });

@@ -42,8 +42,16 @@ async fn fill(db: &sea_orm::DatabaseConnection, rows: u64) -> Result<()> {
     );
     let dead = "INSERT INTO dead_letter (consumer, message_id, subject, payload, headers, error, deliveries, created_at)
          SELECT 'credit', 'd-' || g, 'credits.requested', convert_to('{}', 'UTF8'), '{}'::json, 'malformed', 1, now() FROM generate_series(1, 500) AS g";
-    for sql in [outbox.as_str(), inbox.as_str(), dead, "VACUUM ANALYZE outbox_message", "VACUUM ANALYZE inbox_message", "VACUUM ANALYZE dead_letter"] {
-        db.execute_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned())).await?;
+    for sql in [
+        outbox.as_str(),
+        inbox.as_str(),
+        dead,
+        "VACUUM ANALYZE outbox_message",
+        "VACUUM ANALYZE inbox_message",
+        "VACUUM ANALYZE dead_letter",
+    ] {
+        db.execute_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
+            .await?;
     }
     Ok(())
 }
@@ -52,13 +60,26 @@ async fn fill(db: &sea_orm::DatabaseConnection, rows: u64) -> Result<()> {
 pub async fn run(pg: &str, rows: u64, requests: usize) -> Result<Report> {
     let (db, _url) = super::fresh_pg(pg, "api").await?;
     let mut report = Report::new("api");
-    report.versions.push(("PostgreSQL".into(), super::pg_version(&db).await?));
+    report
+        .versions
+        .push(("PostgreSQL".into(), super::pg_version(&db).await?));
     eprintln!("filling {rows} outbox rows and {rows} inbox rows...");
     let started = Instant::now();
     fill(&db, rows).await?;
-    report.setup.push(("rows".into(), format!("{rows} outbox_message + {rows} inbox_message + 500 dead_letter")));
-    report.setup.push(("fill".into(), format!("{:.1} s", started.elapsed().as_secs_f64())));
-    report.setup.push(("requests".into(), format!("{requests} per endpoint, sequential, over loopback HTTP, after 3 warm-up requests")));
+    report.setup.push((
+        "rows".into(),
+        format!("{rows} outbox_message + {rows} inbox_message + 500 dead_letter"),
+    ));
+    report.setup.push((
+        "fill".into(),
+        format!("{:.1} s", started.elapsed().as_secs_f64()),
+    ));
+    report.setup.push((
+        "requests".into(),
+        format!(
+            "{requests} per endpoint, sequential, over loopback HTTP, after 3 warm-up requests"
+        ),
+    ));
 
     let state = api::AppState {
         db: db.clone(),
@@ -96,7 +117,11 @@ pub async fn run(pg: &str, rows: u64, requests: usize) -> Result<Report> {
         let mut samples = Vec::with_capacity(requests);
         for i in 0..requests + 3 {
             let t0 = Instant::now();
-            let res = http.get(format!("{base}{path}")).bearer_auth(TOKEN).send().await?;
+            let res = http
+                .get(format!("{base}{path}"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await?;
             let status = res.status();
             res.bytes().await?;
             anyhow::ensure!(status.is_success(), "{path} answered {status}");

@@ -17,20 +17,44 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use service::credits::{APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, CreditRequest, REQUESTED_SUBJECT};
+use service::credits::{
+    APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, CreditRequest,
+    REQUESTED_SUBJECT,
+};
 use service::{ConsumerName, Executor, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig, Relay, RelayConfig};
 
 use super::report::Report;
 
-async fn measure(db: DatabaseConnection, js: &jetstream::Context, client: &async_nats::Client, messages: u64) -> Result<f64> {
+async fn measure(
+    db: DatabaseConnection,
+    js: &jetstream::Context,
+    client: &async_nats::Client,
+    messages: u64,
+) -> Result<f64> {
     let _ = js.delete_stream(CREDITS_STREAM).await;
-    worker::ensure_stream(js, &crate::serve::streams(&crate::config::Settings::default())[0]).await?;
+    worker::ensure_stream(
+        js,
+        &crate::serve::streams(&crate::config::Settings::default())[0],
+    )
+    .await?;
     let wake = Arc::new(Notify::new());
     let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
     let cancel = CancellationToken::new();
-    let registry = Registry::new().register(ConsumerName::parse(CREDIT_CONSUMER)?, REQUESTED_SUBJECT, CreditHandler::default());
-    let consumer = Consumer::new(inbox, js.clone(), registry.registrations()[0].clone(), ConsumerConfig { concurrency: 32, ..ConsumerConfig::default() });
+    let registry = Registry::new().register(
+        ConsumerName::parse(CREDIT_CONSUMER)?,
+        REQUESTED_SUBJECT,
+        CreditHandler::default(),
+    );
+    let consumer = Consumer::new(
+        inbox,
+        js.clone(),
+        registry.registrations()[0].clone(),
+        ConsumerConfig {
+            concurrency: 32,
+            ..ConsumerConfig::default()
+        },
+    );
     consumer.ensure().await?;
     let relay = Relay::new(db, js.clone(), RelayConfig::default(), wake);
     let tasks = [
@@ -45,14 +69,24 @@ async fn measure(db: DatabaseConnection, js: &jetstream::Context, client: &async
     ];
     let mut applied = client.subscribe(APPLIED_SUBJECT).await?;
     client.flush().await?;
-    let payload = serde_json::to_vec(&CreditRequest { account_id: "bench".into(), amount: 1, reference: None })?;
+    let payload = serde_json::to_vec(&CreditRequest {
+        account_id: "bench".into(),
+        amount: 1,
+        reference: None,
+    })?;
     let started = Instant::now();
     let mut acks = FuturesUnordered::new();
     for i in 0..messages {
         // Accounts spread over 500 ids so handlers do not all contend on one row.
-        let payload = serde_json::to_vec(&CreditRequest { account_id: format!("bench-{}", i % 500), amount: 1, reference: None })
-            .unwrap_or_else(|_| payload.clone());
-        let msg = PublishMessage::build().payload(payload.into()).message_id(format!("e2e-{i}"));
+        let payload = serde_json::to_vec(&CreditRequest {
+            account_id: format!("bench-{}", i % 500),
+            amount: 1,
+            reference: None,
+        })
+        .unwrap_or_else(|_| payload.clone());
+        let msg = PublishMessage::build()
+            .payload(payload.into())
+            .message_id(format!("e2e-{i}"));
         acks.push(js.send_publish(REQUESTED_SUBJECT, msg).await?.into_future());
     }
     while let Some(ack) = acks.next().await {
@@ -78,15 +112,27 @@ async fn measure(db: DatabaseConnection, js: &jetstream::Context, client: &async
 pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
     let mut report = Report::new("e2e");
     let client = crate::serve::connect_nats(nats_url).await?;
-    report.versions.push(("nats-server".into(), client.server_info().version.clone()));
+    report
+        .versions
+        .push(("nats-server".into(), client.server_info().version.clone()));
     let js = jetstream::new(client.clone());
     report.setup.push(("messages".into(), format!("{messages} credits.requested published pipelined; timed until the subscriber saw every credits.applied")));
-    report.setup.push(("process".into(), "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`".into()));
+    report.setup.push((
+        "process".into(),
+        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`"
+            .into(),
+    ));
     let dir = tempfile::tempdir()?;
-    let sqlite = service::db::connect(&format!("sqlite://{}?mode=rwc", dir.path().join("e2e.db").display()), 16).await?;
+    let sqlite = service::db::connect(
+        &format!("sqlite://{}?mode=rwc", dir.path().join("e2e.db").display()),
+        16,
+    )
+    .await?;
     migration::Migrator::up(&sqlite, None).await?;
     let (pg_db, _) = super::fresh_pg(pg, "e2e").await?;
-    report.versions.push(("PostgreSQL".into(), super::pg_version(&pg_db).await?));
+    report
+        .versions
+        .push(("PostgreSQL".into(), super::pg_version(&pg_db).await?));
     for (label, db) in [("SQLite", sqlite), ("PostgreSQL", pg_db)] {
         let rate = measure(db, &js, &client, messages).await?;
         eprintln!("  {label}: {rate:.0} messages/s");

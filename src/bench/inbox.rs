@@ -8,7 +8,10 @@ use std::time::Instant;
 
 use anyhow::Result;
 use futures::future::BoxFuture;
-use sea_orm::{ActiveValue::{NotSet, Set}, DatabaseConnection, EntityTrait};
+use sea_orm::{
+    ActiveValue::{NotSet, Set},
+    DatabaseConnection, EntityTrait,
+};
 
 use entity::credit;
 use service::credits::{CreditHandler, CreditRequest, REQUESTED_SUBJECT, add_to_balance};
@@ -25,7 +28,11 @@ fn envelope(run: &str, i: u64) -> Result<Envelope> {
         amount: 1,
         reference: None,
     };
-    Ok(Envelope::new(MessageId::parse(format!("{run}-{i}"))?, REQUESTED_SUBJECT, serde_json::to_vec(&req)?))
+    Ok(Envelope::new(
+        MessageId::parse(format!("{run}-{i}"))?,
+        REQUESTED_SUBJECT,
+        serde_json::to_vec(&req)?,
+    ))
 }
 
 #[derive(Clone, Copy)]
@@ -35,28 +42,46 @@ enum Mode {
 }
 
 /// Runs `ids` through `workers` tasks; returns messages per second.
-async fn measure(db: &DatabaseConnection, mode: Mode, ids: Arc<Vec<u64>>, run: &str, workers: usize) -> Result<f64> {
+async fn measure(
+    db: &DatabaseConnection,
+    mode: Mode,
+    ids: Arc<Vec<u64>>,
+    run: &str,
+    workers: usize,
+) -> Result<f64> {
     let next = Arc::new(AtomicU64::new(0));
-    let inbox = Inbox::new(Executor::new(db.clone())).with_fast_path(matches!(mode, Mode::Seawall { fast_path: true }));
+    let inbox = Inbox::new(Executor::new(db.clone()))
+        .with_fast_path(matches!(mode, Mode::Seawall { fast_path: true }));
     let consumer = ConsumerName::parse("credit")?;
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let (ids, next, inbox, consumer, run) = (ids.clone(), next.clone(), inbox.clone(), consumer.clone(), run.to_owned());
+        let (ids, next, inbox, consumer, run) = (
+            ids.clone(),
+            next.clone(),
+            inbox.clone(),
+            consumer.clone(),
+            run.to_owned(),
+        );
         tasks.spawn(async move {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed) as usize;
-                let Some(&i) = ids.get(n) else { return Ok::<_, anyhow::Error>(()) };
+                let Some(&i) = ids.get(n) else {
+                    return Ok::<_, anyhow::Error>(());
+                };
                 let env = envelope(&run, i)?;
                 match mode {
                     Mode::Seawall { .. } => {
-                        inbox.process(&env, &consumer, &CreditHandler::default()).await?;
+                        inbox
+                            .process(&env, &consumer, &CreditHandler::default())
+                            .await?;
                     }
                     Mode::Baseline => {
                         let work = unit(move |txn| -> BoxFuture<'_, Result<(), HandlerError>> {
                             let env = env.clone();
                             Box::pin(async move {
-                                let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
+                                let req = CreditRequest::parse(&env.payload)
+                                    .map_err(HandlerError::Rejected)?;
                                 credit::Entity::insert(credit::ActiveModel {
                                     id: NotSet,
                                     message_id: Set(env.message_id.to_string()),
@@ -84,12 +109,31 @@ async fn measure(db: &DatabaseConnection, mode: Mode, ids: Arc<Vec<u64>>, run: &
 }
 
 /// Runs the scenario on one backend, adding rows to `report`.
-async fn on_backend(report: &mut Report, label: &str, db: &DatabaseConnection, messages: u64) -> Result<()> {
+async fn on_backend(
+    report: &mut Report,
+    label: &str,
+    db: &DatabaseConnection,
+    messages: u64,
+) -> Result<()> {
     let run_id = uuid::Uuid::now_v7().simple().to_string();
     for workers in [1usize, 4, 16, 64] {
         let ids: Arc<Vec<u64>> = Arc::new((0..messages).collect());
-        let base = measure(db, Mode::Baseline, ids.clone(), &format!("b{workers}-{run_id}"), workers).await?;
-        let sw = measure(db, Mode::Seawall { fast_path: true }, ids, &format!("s{workers}-{run_id}"), workers).await?;
+        let base = measure(
+            db,
+            Mode::Baseline,
+            ids.clone(),
+            &format!("b{workers}-{run_id}"),
+            workers,
+        )
+        .await?;
+        let sw = measure(
+            db,
+            Mode::Seawall { fast_path: true },
+            ids,
+            &format!("s{workers}-{run_id}"),
+            workers,
+        )
+        .await?;
         eprintln!("  {label} {workers} workers: seawall {sw:.0}/s, baseline {base:.0}/s");
         report.row(
             format!("{label}, {workers} workers"),
@@ -111,7 +155,11 @@ async fn on_backend(report: &mut Report, label: &str, db: &DatabaseConnection, m
         eprintln!("  {label} 30% duplicates, {label2}: {rate:.0}/s");
         report.row(
             format!("{label}, 16 workers, 30% duplicates, {label2}"),
-            vec![("seawall msg/s", format!("{rate:.0}")), ("baseline msg/s", "-".into()), ("seawall/baseline", "-".into())],
+            vec![
+                ("seawall msg/s", format!("{rate:.0}")),
+                ("baseline msg/s", "-".into()),
+                ("seawall/baseline", "-".into()),
+            ],
         );
     }
     Ok(())
@@ -121,16 +169,34 @@ async fn on_backend(report: &mut Report, label: &str, db: &DatabaseConnection, m
 pub async fn run(pg: &str, messages: u64) -> Result<Report> {
     let mut report = Report::new("inbox");
     let dir = tempfile::tempdir()?;
-    let sqlite = service::db::connect(&format!("sqlite://{}?mode=rwc", dir.path().join("bench.db").display()), 16).await?;
+    let sqlite = service::db::connect(
+        &format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("bench.db").display()
+        ),
+        16,
+    )
+    .await?;
     {
         use migration::MigratorTrait;
         migration::Migrator::up(&sqlite, None).await?;
     }
     let (pg_db, _) = super::fresh_pg(pg, "inbox").await?;
-    report.versions.push(("PostgreSQL".into(), super::pg_version(&pg_db).await?));
-    report.versions.push(("SQLite".into(), sqlite_version(&sqlite).await?));
-    report.setup.push(("messages".into(), format!("{messages} per measurement, {ACCOUNTS} accounts, one credit of 1 cent each")));
-    report.setup.push(("baseline".into(), "the same credit insert and balance update in a bare transaction: no marker, no outbox row".into()));
+    report
+        .versions
+        .push(("PostgreSQL".into(), super::pg_version(&pg_db).await?));
+    report
+        .versions
+        .push(("SQLite".into(), sqlite_version(&sqlite).await?));
+    report.setup.push((
+        "messages".into(),
+        format!("{messages} per measurement, {ACCOUNTS} accounts, one credit of 1 cent each"),
+    ));
+    report.setup.push((
+        "baseline".into(),
+        "the same credit insert and balance update in a bare transaction: no marker, no outbox row"
+            .into(),
+    ));
     on_backend(&mut report, "PostgreSQL", &pg_db, messages).await?;
     on_backend(&mut report, "SQLite", &sqlite, messages).await?;
     Ok(report)
@@ -139,7 +205,10 @@ pub async fn run(pg: &str, messages: u64) -> Result<Report> {
 async fn sqlite_version(db: &DatabaseConnection) -> Result<String> {
     use sea_orm::{ConnectionTrait, DbBackend, Statement};
     let row = db
-        .query_one_raw(Statement::from_string(DbBackend::Sqlite, "SELECT sqlite_version() AS v"))
+        .query_one_raw(Statement::from_string(
+            DbBackend::Sqlite,
+            "SELECT sqlite_version() AS v",
+        ))
         .await?
         .ok_or_else(|| anyhow::anyhow!("no version"))?;
     Ok(row.try_get::<String>("", "v")?)

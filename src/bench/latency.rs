@@ -23,7 +23,9 @@ use super::report::{Report, quantile};
 const POLL: Duration = Duration::from_millis(50);
 
 fn micros_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 struct Run {
@@ -51,7 +53,14 @@ impl Run {
     }
 }
 
-async fn measure(db: DatabaseConnection, js: &async_nats::jetstream::Context, client: &async_nats::Client, notify: bool, steady_secs: u64, bursts: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+async fn measure(
+    db: DatabaseConnection,
+    js: &async_nats::jetstream::Context,
+    client: &async_nats::Client,
+    notify: bool,
+    steady_secs: u64,
+    bursts: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let id = uuid::Uuid::now_v7().simple().to_string();
     let id = &id[id.len() - 10..];
     let subject = format!("lat.{id}.e");
@@ -68,7 +77,11 @@ async fn measure(db: DatabaseConnection, js: &async_nats::jetstream::Context, cl
     .await?;
     let wake = Arc::new(Notify::new());
     let executor = Executor::new(db.clone());
-    let executor = if notify { executor.with_commit_signal(wake.clone()) } else { executor };
+    let executor = if notify {
+        executor.with_commit_signal(wake.clone())
+    } else {
+        executor
+    };
     let relay = Relay::new(
         db.clone(),
         js.clone(),
@@ -90,8 +103,13 @@ async fn measure(db: DatabaseConnection, js: &async_nats::jetstream::Context, cl
     let sink = latencies.clone();
     let receiver = tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
-            let sent: u64 = std::str::from_utf8(&msg.payload).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
-            sink.lock().await.push(micros_now().saturating_sub(sent) as f64 / 1000.0);
+            let sent: u64 = std::str::from_utf8(&msg.payload)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            sink.lock()
+                .await
+                .push(micros_now().saturating_sub(sent) as f64 / 1000.0);
         }
     });
     let run = Run { executor, subject };
@@ -121,7 +139,11 @@ async fn measure(db: DatabaseConnection, js: &async_nats::jetstream::Context, cl
 async fn wait_for(samples: &Mutex<Vec<f64>>, n: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while samples.lock().await.len() < n {
-        anyhow::ensure!(Instant::now() < deadline, "only {} of {n} events arrived", samples.lock().await.len());
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} of {n} events arrived",
+            samples.lock().await.len()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
@@ -144,31 +166,58 @@ fn row(report: &mut Report, name: String, mut samples: Vec<f64>) {
 pub async fn run(pg: &str, nats_url: &str, steady_secs: u64, bursts: usize) -> Result<Report> {
     let mut report = Report::new("latency");
     let client = crate::serve::connect_nats(nats_url).await?;
-    report.versions.push(("nats-server".into(), client.server_info().version.clone()));
+    report
+        .versions
+        .push(("nats-server".into(), client.server_info().version.clone()));
     let js = async_nats::jetstream::new(client.clone());
-    report.setup.push(("steady".into(), format!("1 event per transaction every 1 ms for {steady_secs} s (1,000 events/s)")));
-    report.setup.push(("bursts".into(), format!("{bursts} transactions of 500 events, 1 s apart")));
-    report.setup.push(("delay".into(), "from just before COMMIT to a plain NATS subscriber receiving the event".into()));
+    report.setup.push((
+        "steady".into(),
+        format!("1 event per transaction every 1 ms for {steady_secs} s (1,000 events/s)"),
+    ));
+    report.setup.push((
+        "bursts".into(),
+        format!("{bursts} transactions of 500 events, 1 s apart"),
+    ));
+    report.setup.push((
+        "delay".into(),
+        "from just before COMMIT to a plain NATS subscriber receiving the event".into(),
+    ));
     report.setup.push(("wake-ups".into(), format!("notify: in-process commit signal (+ LISTEN/NOTIFY on PostgreSQL); polling: every {} ms only", POLL.as_millis())));
     let dir = tempfile::tempdir()?;
     for backend in ["SQLite", "PostgreSQL"] {
         for notify in [true, false] {
             let db = if backend == "SQLite" {
-                let url = format!("sqlite://{}?mode=rwc", dir.path().join(format!("lat-{notify}.db")).display());
+                let url = format!(
+                    "sqlite://{}?mode=rwc",
+                    dir.path().join(format!("lat-{notify}.db")).display()
+                );
                 let db = service::db::connect(&url, 8).await?;
-                migration::Migrator::up(&db, None).await.context("migrating")?;
+                migration::Migrator::up(&db, None)
+                    .await
+                    .context("migrating")?;
                 db
             } else {
                 let (db, _) = super::fresh_pg(pg, "latency").await?;
                 if !report.versions.iter().any(|(k, _)| k == "PostgreSQL") {
-                    report.versions.push(("PostgreSQL".into(), super::pg_version(&db).await?));
+                    report
+                        .versions
+                        .push(("PostgreSQL".into(), super::pg_version(&db).await?));
                 }
                 db
             };
-            let (steady, bursts_lat) = measure(db, &js, &client, notify, steady_secs, bursts).await?;
+            let (steady, bursts_lat) =
+                measure(db, &js, &client, notify, steady_secs, bursts).await?;
             let mode = if notify { "notify" } else { "polling" };
-            row(&mut report, format!("{backend}, {mode}, steady 1,000/s"), steady);
-            row(&mut report, format!("{backend}, {mode}, bursts of 500"), bursts_lat);
+            row(
+                &mut report,
+                format!("{backend}, {mode}, steady 1,000/s"),
+                steady,
+            );
+            row(
+                &mut report,
+                format!("{backend}, {mode}, bursts of 500"),
+                bursts_lat,
+            );
             eprintln!("  {backend} {mode} done");
         }
     }

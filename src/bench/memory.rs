@@ -10,7 +10,8 @@ use super::report::Report;
 
 /// Peak resident set size of a process, from /proc (Linux), in KiB.
 fn peak_rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc status")?;
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc status")?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -19,7 +20,12 @@ fn peak_rss_kib(pid: u32) -> Result<u64> {
         .context("no VmHWM line")
 }
 
-async fn backlog(pg: &str, nats_url: &str, js: &jetstream::Context, rows: u64) -> Result<(u64, f64)> {
+async fn backlog(
+    pg: &str,
+    nats_url: &str,
+    js: &jetstream::Context,
+    rows: u64,
+) -> Result<(u64, f64)> {
     let (db, url) = super::fresh_pg(pg, "memory").await?;
     let id = uuid::Uuid::now_v7().simple().to_string();
     let name = format!("MEM_{}", &id[id.len() - 10..]);
@@ -60,16 +66,26 @@ async fn backlog(pg: &str, nats_url: &str, js: &jetstream::Context, rows: u64) -
 pub async fn run(pg: &str, nats_url: &str, small: u64, large: u64) -> Result<Report> {
     let mut report = Report::new("relay-memory");
     let client = crate::serve::connect_nats(nats_url).await?;
-    report.versions.push(("nats-server".into(), client.server_info().version.clone()));
+    report
+        .versions
+        .push(("nats-server".into(), client.server_info().version.clone()));
     let js = jetstream::new(client);
     report.setup.push(("process".into(), "`seawall relay` (this binary) draining a pre-filled PostgreSQL outbox of 256 B rows; peak RSS = VmHWM".into()));
     let mut peaks = Vec::new();
     for rows in [small, large] {
         let (peak, rate) = backlog(pg, nats_url, &js, rows).await?;
         eprintln!("  {rows} rows: peak RSS {peak} KiB, {rate:.0} rows/s");
-        report.row(format!("{rows} row backlog"), vec![("peak RSS MiB", format!("{:.1}", peak as f64 / 1024.0)), ("rows/s", format!("{rate:.0}"))]);
+        report.row(
+            format!("{rows} row backlog"),
+            vec![
+                ("peak RSS MiB", format!("{:.1}", peak as f64 / 1024.0)),
+                ("rows/s", format!("{rate:.0}")),
+            ],
+        );
         peaks.push(peak as f64);
     }
-    report.notes.push(format!("peak RSS large/small = {:.2}", peaks[1] / peaks[0]));
+    report
+        .notes
+        .push(format!("peak RSS large/small = {:.2}", peaks[1] / peaks[0]));
     Ok(report)
 }

@@ -27,11 +27,21 @@ pub struct BenchArgs {
     #[arg(long, global = true)]
     pub smoke: bool,
     /// PostgreSQL server (no database name); each run creates its own database.
-    #[arg(long, global = true, env = "SEAWALL_BENCH_PG_URL", default_value = "postgres://postgres@127.0.0.1:55432")]
+    #[arg(
+        long,
+        global = true,
+        env = "SEAWALL_BENCH_PG_URL",
+        default_value = "postgres://postgres@127.0.0.1:55432"
+    )]
     pub pg_url: String,
     /// NATS server with JetStream (the `relay`, `latency` and `e2e` scenarios
     /// create streams on it; `e2e` recreates CREDITS).
-    #[arg(long, global = true, env = "SEAWALL_BENCH_NATS_URL", default_value = "nats://127.0.0.1:54222")]
+    #[arg(
+        long,
+        global = true,
+        env = "SEAWALL_BENCH_NATS_URL",
+        default_value = "nats://127.0.0.1:54222"
+    )]
     pub nats_url: String,
 }
 
@@ -86,20 +96,44 @@ pub enum Scenario {
 pub async fn run(args: BenchArgs) -> Result<()> {
     let report = match args.scenario {
         Scenario::Api { rows, requests } => {
-            let (rows, requests) = if args.smoke { (2_000, 5) } else { (rows, requests) };
+            let (rows, requests) = if args.smoke {
+                (2_000, 5)
+            } else {
+                (rows, requests)
+            };
             api::run(&args.pg_url, rows, requests).await?
         }
-        Scenario::Inbox { messages } => inbox::run(&args.pg_url, if args.smoke { 100 } else { messages }).await?,
-        Scenario::Relay { rows } => relay::run(&args.pg_url, &args.nats_url, if args.smoke { 500 } else { rows }).await?,
+        Scenario::Inbox { messages } => {
+            inbox::run(&args.pg_url, if args.smoke { 100 } else { messages }).await?
+        }
+        Scenario::Relay { rows } => {
+            relay::run(
+                &args.pg_url,
+                &args.nats_url,
+                if args.smoke { 500 } else { rows },
+            )
+            .await?
+        }
         Scenario::RelayMemory { small, large } => {
-            let (small, large) = if args.smoke { (500, 2_000) } else { (small, large) };
+            let (small, large) = if args.smoke {
+                (500, 2_000)
+            } else {
+                (small, large)
+            };
             memory::run(&args.pg_url, &args.nats_url, small, large).await?
         }
         Scenario::Latency { seconds } => {
             let (seconds, bursts) = if args.smoke { (1, 1) } else { (seconds, 5) };
             latency::run(&args.pg_url, &args.nats_url, seconds, bursts).await?
         }
-        Scenario::E2e { messages } => e2e::run(&args.pg_url, &args.nats_url, if args.smoke { 200 } else { messages }).await?,
+        Scenario::E2e { messages } => {
+            e2e::run(
+                &args.pg_url,
+                &args.nats_url,
+                if args.smoke { 200 } else { messages },
+            )
+            .await?
+        }
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -116,7 +150,10 @@ pub async fn fresh_pg(server: &str, scenario: &str) -> Result<(DatabaseConnectio
         .await
         .with_context(|| format!("connecting to PostgreSQL at {server} (start it with scripts/services start pg, or pass --pg-url)"))?;
     admin
-        .execute_raw(Statement::from_string(DbBackend::Postgres, format!("CREATE DATABASE {name}")))
+        .execute_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("CREATE DATABASE {name}"),
+        ))
         .await?;
     let url = format!("{server}/{name}");
     let db = service::db::connect(&url, 32).await?;
@@ -127,7 +164,10 @@ pub async fn fresh_pg(server: &str, scenario: &str) -> Result<(DatabaseConnectio
 /// The server's version string.
 pub async fn pg_version(db: &DatabaseConnection) -> Result<String> {
     let row = db
-        .query_one_raw(Statement::from_string(DbBackend::Postgres, "SHOW server_version"))
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SHOW server_version",
+        ))
         .await?
         .context("no version row")?;
     Ok(row.try_get::<String>("", "server_version")?)

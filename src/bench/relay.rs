@@ -39,12 +39,19 @@ async fn stream(js: &jetstream::Context, name: &str) -> Result<String> {
 }
 
 /// The baseline: a plain pipelined publisher awaiting every PubAck.
-async fn plain_publisher(js: &jetstream::Context, subject: &str, rows: u64, size: usize) -> Result<f64> {
+async fn plain_publisher(
+    js: &jetstream::Context,
+    subject: &str,
+    rows: u64,
+    size: usize,
+) -> Result<f64> {
     let payload = bytes_of(size);
     let started = Instant::now();
     let mut acks = FuturesUnordered::new();
     for i in 0..rows {
-        let msg = PublishMessage::build().payload(payload.clone().into()).message_id(format!("p-{i}"));
+        let msg = PublishMessage::build()
+            .payload(payload.clone().into())
+            .message_id(format!("p-{i}"));
         let ack: PublishAckFuture = js.send_publish(subject.to_owned(), msg).await?;
         acks.push(ack.into_future());
         while acks.len() >= IN_FLIGHT {
@@ -70,13 +77,23 @@ pub async fn fill(db: &DatabaseConnection, subject: &str, rows: u64, size: usize
          SELECT 'r-' || g, '{subject}', convert_to(repeat('x', {size}), 'UTF8'), '{{}}'::json, now(), 0, now()
          FROM generate_series(1, {rows}) AS g"
     );
-    db.execute_raw(Statement::from_string(DbBackend::Postgres, sql)).await?;
-    db.execute_raw(Statement::from_string(DbBackend::Postgres, "VACUUM ANALYZE outbox_message")).await?;
+    db.execute_raw(Statement::from_string(DbBackend::Postgres, sql))
+        .await?;
+    db.execute_raw(Statement::from_string(
+        DbBackend::Postgres,
+        "VACUUM ANALYZE outbox_message",
+    ))
+    .await?;
     Ok(())
 }
 
 /// Runs `relays` relays until the outbox is empty; rows per second.
-async fn relays(db: &DatabaseConnection, js: &jetstream::Context, relays: usize, rows: u64) -> Result<f64> {
+async fn relays(
+    db: &DatabaseConnection,
+    js: &jetstream::Context,
+    relays: usize,
+    rows: u64,
+) -> Result<f64> {
     let cancel = CancellationToken::new();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -113,7 +130,9 @@ async fn relays(db: &DatabaseConnection, js: &jetstream::Context, relays: usize,
 pub async fn run(pg: &str, nats_url: &str, rows: u64) -> Result<Report> {
     let mut report = Report::new("relay");
     let client = crate::serve::connect_nats(nats_url).await?;
-    report.versions.push(("nats-server".into(), client.server_info().version.clone()));
+    report
+        .versions
+        .push(("nats-server".into(), client.server_info().version.clone()));
     let js = jetstream::new(client);
     let mut pg_version = None;
     report.setup.push(("rows".into(), format!("{rows} per measurement, pre-filled on PostgreSQL, each published with Nats-Msg-Id and its PubAck awaited")));

@@ -47,7 +47,11 @@ impl Report {
     pub fn print(&self) {
         println!("## seawall bench {}", self.scenario);
         println!();
-        let versions: Vec<String> = self.versions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let versions: Vec<String> = self
+            .versions
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         println!("machine: {} cores; {}", self.cores, versions.join(", "));
         for (k, v) in &self.setup {
             println!("{k}: {v}");
@@ -57,11 +61,18 @@ impl Report {
             println!("(no rows)");
             return;
         };
-        let headers: Vec<&str> = std::iter::once("").chain(first.values.iter().map(|(k, _)| k.as_str())).collect();
+        let headers: Vec<&str> = std::iter::once("")
+            .chain(first.values.iter().map(|(k, _)| k.as_str()))
+            .collect();
         println!("| {} |", headers.join(" | "));
-        println!("|{}|", headers.iter().map(|_| "---").collect::<Vec<_>>().join("|"));
+        println!(
+            "|{}|",
+            headers.iter().map(|_| "---").collect::<Vec<_>>().join("|")
+        );
         for row in &self.rows {
-            let cells: Vec<&str> = std::iter::once(row.name.as_str()).chain(row.values.iter().map(|(_, v)| v.as_str())).collect();
+            let cells: Vec<&str> = std::iter::once(row.name.as_str())
+                .chain(row.values.iter().map(|(_, v)| v.as_str()))
+                .collect();
             println!("| {} |", cells.join(" | "));
         }
         for note in &self.notes {

@@ -24,15 +24,29 @@ fn rows() -> Vec<(&'static str, outbox_message::Model)> {
     };
     vec![
         ("no headers, 256 B", row(serde_json::json!({}), 256)),
-        ("traceparent, 256 B", row(serde_json::json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}), 256)),
-        ("traceparent, 4 KiB", row(serde_json::json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}), 4096)),
+        (
+            "traceparent, 256 B",
+            row(
+                serde_json::json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
+                256,
+            ),
+        ),
+        (
+            "traceparent, 4 KiB",
+            row(
+                serde_json::json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
+                4096,
+            ),
+        ),
     ]
 }
 
 fn build(c: &mut Criterion) {
     let mut group = c.benchmark_group("publish_message");
     for (name, row) in rows() {
-        group.bench_function(name, |b| b.iter(|| worker::relay::publish_message(std::hint::black_box(&row))));
+        group.bench_function(name, |b| {
+            b.iter(|| worker::relay::publish_message(std::hint::black_box(&row)))
+        });
     }
     group.finish();
 }

@@ -244,15 +244,16 @@ impl Relay {
     /// Never for database trouble (logged and retried after the poll
     /// interval); only if the PostgreSQL listener cannot be set up at all.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), RelayError> {
-        let _listener = if self.config.listen && self.db.get_database_backend() == DbBackend::Postgres {
-            Some(crate::notify::spawn_pg_listener(
-                &self.db,
-                self.wake.clone(),
-                cancel.clone(),
-            ))
-        } else {
-            None
-        };
+        let _listener =
+            if self.config.listen && self.db.get_database_backend() == DbBackend::Postgres {
+                Some(crate::notify::spawn_pg_listener(
+                    &self.db,
+                    self.wake.clone(),
+                    cancel.clone(),
+                ))
+            } else {
+                None
+            };
         tracing::info!(instance = %self.config.instance, "outbox relay started");
         loop {
             if cancel.is_cancelled() {
