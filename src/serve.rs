@@ -75,11 +75,24 @@ pub fn streams(settings: &Settings) -> Vec<StreamSpec> {
     }]
 }
 
+/// The servers of a NATS URL setting: one URL, or several separated by
+/// commas (the seeds of a cluster, so a process can start while one node is
+/// down).
+pub fn nats_servers(url: &str) -> Result<Vec<async_nats::ServerAddr>> {
+    url.split(',')
+        .map(|u| {
+            u.trim()
+                .parse::<async_nats::ServerAddr>()
+                .with_context(|| format!("invalid NATS URL {u:?}"))
+        })
+        .collect()
+}
+
 /// Connects to NATS, naming the URL when it is unreachable.
 pub async fn connect_nats(url: &str) -> Result<async_nats::Client> {
     async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
-        .connect(url)
+        .connect(nats_servers(url)?)
         .await
         .with_context(|| format!("connecting to NATS at {url}"))
 }
@@ -106,7 +119,7 @@ pub async fn serve(
     } else {
         async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
-            .connect(settings.nats_url.as_str())
+            .connect(nats_servers(&settings.nats_url)?)
             .await
             .with_context(|| format!("connecting to NATS at {}", settings.nats_url))?
     };

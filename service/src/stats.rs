@@ -33,6 +33,8 @@ pub struct Stats {
     pub relay_lag_ms: Option<f64>,
     /// Published events and processed messages per minute, oldest first.
     pub throughput: Vec<MinuteCount>,
+    /// Which numbers are estimates (large tables on PostgreSQL), e.g. `outbox.published`.
+    pub estimated: Vec<String>,
     /// When this was computed.
     pub generated_at: DateTime<Utc>,
 }
@@ -81,46 +83,72 @@ pub struct MinuteCount {
 pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats, DbErr> {
     use inbox_message::Column as I;
     use outbox_message::Column as O;
-    let outbox = OutboxCounts {
-        pending: outbox_message::Entity::find()
-            .filter(O::PublishedAt.is_null())
-            .filter(O::DeadAt.is_null())
-            .count(db)
-            .await?,
-        published: outbox_message::Entity::find()
-            .filter(O::PublishedAt.is_not_null())
-            .count(db)
-            .await?,
-        dead: outbox_message::Entity::find()
-            .filter(O::PublishedAt.is_null())
-            .filter(O::DeadAt.is_not_null())
-            .count(db)
-            .await?,
-    };
+    let pending = outbox_message::Entity::find()
+        .filter(O::PublishedAt.is_null())
+        .filter(O::DeadAt.is_null())
+        .count(db);
+    let dead = outbox_message::Entity::find()
+        .filter(O::PublishedAt.is_null())
+        .filter(O::DeadAt.is_not_null())
+        .count(db);
     let open = || {
         inbox_message::Entity::find()
             .filter(I::ProcessedAt.is_null())
             .filter(I::QuarantinedAt.is_null())
     };
+    let claimed = open().filter(I::LeaseUntil.gt(now)).count(db);
+    let expired = open()
+        .filter(
+            sea_orm::Condition::any()
+                .add(I::LeaseUntil.is_null())
+                .add(I::LeaseUntil.lte(now)),
+        )
+        .count(db);
+    let quarantined = inbox_message::Entity::find()
+        .filter(I::ProcessedAt.is_null())
+        .filter(I::QuarantinedAt.is_not_null())
+        .count(db);
+    let (pending, dead, claimed, expired_claims, quarantined) =
+        futures::try_join!(pending, dead, claimed, expired, quarantined)?;
+    let mut estimated = Vec::new();
+    // The two big numbers: exact on small tables, from PostgreSQL's row
+    // estimate on big ones (an exact count of a million rows costs more than
+    // the rest of the page together). Everything that signals trouble
+    // (pending, dead, claims) is always exact.
+    let published = match estimated_rows(db, "outbox_message").await? {
+        Some(total) => {
+            estimated.push("outbox.published".to_owned());
+            total.saturating_sub(pending + dead)
+        }
+        None => {
+            outbox_message::Entity::find()
+                .filter(O::PublishedAt.is_not_null())
+                .count(db)
+                .await?
+        }
+    };
+    let processed = match estimated_rows(db, "inbox_message").await? {
+        Some(total) => {
+            estimated.push("inbox.processed".to_owned());
+            total.saturating_sub(claimed + expired_claims + quarantined)
+        }
+        None => {
+            inbox_message::Entity::find()
+                .filter(I::ProcessedAt.is_not_null())
+                .count(db)
+                .await?
+        }
+    };
+    let outbox = OutboxCounts {
+        pending,
+        published,
+        dead,
+    };
     let inbox = InboxCounts {
-        processed: inbox_message::Entity::find()
-            .filter(I::ProcessedAt.is_not_null())
-            .count(db)
-            .await?,
-        claimed: open().filter(I::LeaseUntil.gt(now)).count(db).await?,
-        expired_claims: open()
-            .filter(
-                sea_orm::Condition::any()
-                    .add(I::LeaseUntil.is_null())
-                    .add(I::LeaseUntil.lte(now)),
-            )
-            .count(db)
-            .await?,
-        quarantined: inbox_message::Entity::find()
-            .filter(I::ProcessedAt.is_null())
-            .filter(I::QuarantinedAt.is_not_null())
-            .count(db)
-            .await?,
+        processed,
+        claimed,
+        expired_claims,
+        quarantined,
     };
     let dead_letters_by_consumer: Vec<ConsumerCount> = dead_letter::Entity::find()
         .select_only()
@@ -170,8 +198,35 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
             .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
         relay_lag_ms: (!lags.is_empty()).then(|| lags.iter().sum::<f64>() / lags.len() as f64),
         throughput: throughput(db, now).await?,
+        estimated,
         generated_at: now,
     })
+}
+
+/// Tables above this many rows get estimated totals on PostgreSQL.
+pub const ESTIMATE_ABOVE_ROWS: f64 = 100_000.0;
+
+#[derive(Debug, FromQueryResult)]
+struct Estimate {
+    rows: f32,
+}
+
+/// PostgreSQL's row estimate for `table` when it is large and known.
+async fn estimated_rows(db: &DatabaseConnection, table: &str) -> Result<Option<u64>, DbErr> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(None);
+    }
+    let estimate = Estimate::find_by_statement(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT reltuples AS rows FROM pg_class WHERE oid = to_regclass($1)",
+        [table.into()],
+    ))
+    .one(db)
+    .await?;
+    Ok(estimate
+        .map(|e| f64::from(e.rows))
+        .filter(|rows| *rows >= ESTIMATE_ABOVE_ROWS)
+        .map(|rows| rows as u64))
 }
 
 #[derive(Debug, FromQueryResult)]

@@ -88,6 +88,13 @@ async fn measure(
             .payload(payload.into())
             .message_id(format!("e2e-{i}"));
         acks.push(js.send_publish(REQUESTED_SUBJECT, msg).await?.into_future());
+        // Keep a bounded window of PubAcks in flight: the context caps them,
+        // and the relay shares this context.
+        while acks.len() >= 1_000 {
+            if let Some(ack) = acks.next().await {
+                ack?;
+            }
+        }
     }
     while let Some(ack) = acks.next().await {
         ack?;

@@ -21,6 +21,8 @@ use service::{ConsumerName, Envelope, Executor, HandlerError, Inbox, MessageId};
 use super::report::Report;
 
 const ACCOUNTS: u64 = 1_000;
+/// Messages per mode processed before measuring.
+const WARM_UP: u64 = 1_000;
 
 fn envelope(run: &str, i: u64) -> Result<Envelope> {
     let req = CreditRequest {
@@ -116,6 +118,24 @@ async fn on_backend(
     messages: u64,
 ) -> Result<()> {
     let run_id = uuid::Uuid::now_v7().simple().to_string();
+    // Warm-up, then fresh planner statistics: without them PostgreSQL plans
+    // the first statements against near-empty tables (sequential scans) and
+    // keeps those plans while the tables grow, which would measure the
+    // planner, not the inbox.
+    let warm: Arc<Vec<u64>> = Arc::new((0..WARM_UP).collect());
+    measure(
+        db,
+        Mode::Seawall { fast_path: true },
+        warm.clone(),
+        &format!("ws-{run_id}"),
+        4,
+    )
+    .await?;
+    measure(db, Mode::Baseline, warm, &format!("wb-{run_id}"), 4).await?;
+    if db.get_database_backend() == sea_orm::DbBackend::Postgres {
+        use sea_orm::ConnectionTrait;
+        db.execute_unprepared("ANALYZE").await?;
+    }
     for workers in [1usize, 4, 16, 64] {
         let ids: Arc<Vec<u64>> = Arc::new((0..messages).collect());
         let base = measure(
@@ -196,6 +216,10 @@ pub async fn run(pg: &str, messages: u64) -> Result<Report> {
         "baseline".into(),
         "the same credit insert and balance update in a bare transaction: no marker, no outbox row"
             .into(),
+    ));
+    report.setup.push((
+        "warm-up".into(),
+        format!("{WARM_UP} messages per mode at 4 workers, then ANALYZE (PostgreSQL)"),
     ));
     on_backend(&mut report, "PostgreSQL", &pg_db, messages).await?;
     on_backend(&mut report, "SQLite", &sqlite, messages).await?;

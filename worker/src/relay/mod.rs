@@ -131,7 +131,9 @@ impl Relay {
     #[tracing::instrument(name = "relay.round", skip_all, fields(instance = %self.config.instance))]
     pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
         let me = self.config.instance.as_str();
+        let started = std::time::Instant::now();
         let rows = store::claim(&self.db, me, self.config.lease, self.config.batch_size).await?;
+        let claimed_in = started.elapsed();
         let mut report = RelayReport {
             claimed: rows.len(),
             ..RelayReport::default()
@@ -156,6 +158,7 @@ impl Relay {
                 .map(|chain| self.publish_chain(chain)),
         )
         .await;
+        let published_in = started.elapsed() - claimed_in;
         if self.fault_after_puback {
             tracing::error!(
                 "fault injection: aborting after PubAck, before marking rows published"
@@ -190,6 +193,13 @@ impl Relay {
         report.published = usize::try_from(store::mark_published(&self.db, me, published).await?)
             .unwrap_or(usize::MAX);
         store::release(&self.db, me, released).await?;
+        tracing::debug!(
+            rows = report.claimed,
+            claim_ms = claimed_in.as_secs_f64() * 1e3,
+            publish_ms = published_in.as_secs_f64() * 1e3,
+            record_ms = (started.elapsed() - claimed_in - published_in).as_secs_f64() * 1e3,
+            "relay batch"
+        );
         metrics::histogram!("seawall_relay_batch_size").record(report.claimed as f64);
         metrics::counter!("seawall_relay_published_total").increment(report.published as u64);
         metrics::counter!("seawall_relay_failed_total").increment(report.failed as u64);
