@@ -114,7 +114,7 @@ proptest! {
             prop_assert!(is_inbox_violation(&shape), "{shape:?} was taken for a duplicate");
         }
         if let ErrorShape::ConnectionLost(_) = shape {
-            prop_assert!(matches!(failure, Failure::Transient { .. }));
+            prop_assert!(matches!(failure, Failure::Transient { .. }), "connection loss is transient");
         }
     }
 
