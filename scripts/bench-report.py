@@ -43,3 +43,8 @@ for name in ORDER:
         print()
     for note in r["notes"]:
         print(note + "\n")
+
+import os
+analysis = os.path.join(os.path.dirname(sys.argv[1]), "ANALYSIS.md") if len(sys.argv) > 1 else ""
+if analysis and os.path.exists(analysis):
+    print(open(analysis).read())

@@ -384,8 +384,14 @@ class Soak:
         self.rng = random.Random(a.seed)
         self.frng = random.Random(a.seed + 1)
         self.log("start", f"{a.messages} messages, seed {a.seed}, dir {self.dir}")
-        subprocess.run(["psql", "-h", "127.0.0.1", "-p", a.pg_url.rsplit(":", 1)[1], "-U", "postgres", "-c", f"CREATE DATABASE {self.db}"],
-                       check=True, stdout=subprocess.DEVNULL)
+        port = a.pg_url.rsplit(":", 1)[1]
+        for sql in [f"CREATE DATABASE {self.db}",
+                    # The test cluster runs with synchronous_commit=off for speed; an
+                    # immediate restart then loses commits that were already
+                    # acknowledged (and so acked at the broker). Exactly-once needs
+                    # durable commits, so the soak database turns it back on.
+                    f"ALTER DATABASE {self.db} SET synchronous_commit = on"]:
+            subprocess.run(["psql", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-c", sql], check=True, stdout=subprocess.DEVNULL)
         for i in range(3):
             self.start_nats(i)
         for i in range(3):
