@@ -103,7 +103,10 @@ class Soak:
             "SEAWALL_NATS_URL": self.nats_url,
             "SEAWALL_STREAM_REPLICAS": "3",
             "SEAWALL_DUPLICATE_WINDOW_MS": str(self.args.window_ms),
-            "SEAWALL_RELAY_LEASE_MS": str(self.args.window_ms // 2),
+            # The lease is a tenth of the window: a row republished after a relay
+            # was killed (or after a PubAck lost in a NATS outage) must land
+            # inside the window, with room for the retry backoff.
+            "SEAWALL_RELAY_LEASE_MS": str(self.args.window_ms // 10),
             "SEAWALL_ACK_WAIT_MS": str(self.args.ack_wait_ms),
             "SEAWALL_MAX_DELIVER": "50",
             "SEAWALL_STREAM_MAX_AGE_MS": "86400000",
@@ -463,7 +466,7 @@ def parse():
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--faults", default="nats,pg,pause", help="which of nats,pg,pause to inject (kills: --kills)")
     p.add_argument("--outage", type=float, default=3.0, help="seconds a NATS node stays down")
-    p.add_argument("--window-ms", type=int, default=2_000, help="JetStream duplicate window")
+    p.add_argument("--window-ms", type=int, default=20_000, help="JetStream duplicate window")
     p.add_argument("--ack-wait-ms", type=int, default=3_000)
     p.add_argument("--drain-timeout", type=float, default=180)
     p.add_argument("--port-base", type=int, default=54300)

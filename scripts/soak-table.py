@@ -1,0 +1,30 @@
+"""Prints a soak report (soak-report.json) as the Markdown table the README carries."""
+import json
+import sys
+
+r = json.load(open(sys.argv[1] if len(sys.argv) > 1 else "soak-report.json"))
+c = r["counts"]
+print("| what | count |")
+print("|---|---|")
+for key in ["valid", "credits", "malformed", "missing_id", "dead_letters", "outbox_rows", "applied_events",
+            "republished_after_window", "process_restarts"]:
+    print(f"| {key.replace('_', ' ')} | {c[key]} |")
+print()
+print("| t (s) | fault | recovered (readyz) after |")
+print("|---|---|---|")
+rec = {}
+for name, secs in r["recoveries"]:
+    rec.setdefault(name, []).append(secs)
+for t, event, detail in r["faults"]:
+    if event != "fault":
+        continue
+    key = next((k for k in rec if detail.startswith(k.split(" for ")[0]) or k.startswith(detail.split(" for ")[0])), None)
+    secs = rec[key].pop(0) if key and rec[key] else "-"
+    print(f"| {t} | {detail} | {secs} s |")
+thr = r["throughput_per_10s"]
+if thr:
+    rates = [v for _, v in thr]
+    print()
+    print(f"Throughput: {min(rates):.0f} to {max(rates):.0f} credits/s per 10 s bucket "
+          f"(mean {sum(rates) / len(rates):.0f}) over {thr[-1][0] + 10} s.")
+print(f"Failures: {len(r['failures'])}")
