@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 use serde::Serialize;
 
@@ -133,58 +133,73 @@ pub async fn prune(
     config: &PruneConfig,
     now: DateTime<Utc>,
 ) -> Result<PruneReport, DbErr> {
-    let inbox_cutoff = cutoff(now, config.inbox);
-    let outbox_cutoff = cutoff(now, config.outbox);
     let batch = config.batch_size.max(1);
-    let mut report = PruneReport::default();
+    Ok(PruneReport {
+        inbox: delete_in_batches::<inbox_message::Entity>(
+            db,
+            inbox_message::Column::Id,
+            inbox_expired(cutoff(now, config.inbox)),
+            batch,
+        )
+        .await?,
+        outbox: delete_in_batches::<outbox_message::Entity>(
+            db,
+            outbox_message::Column::Id,
+            outbox_expired(cutoff(now, config.outbox)),
+            batch,
+        )
+        .await?,
+    })
+}
+
+/// Processed inbox markers older than `cutoff` (quarantined ones never go).
+fn inbox_expired(cutoff: DateTime<Utc>) -> Condition {
+    Condition::all()
+        .add(inbox_message::Column::ProcessedAt.lt(cutoff))
+        .add(inbox_message::Column::QuarantinedAt.is_null())
+}
+
+/// Outbox rows published before `cutoff` (pending and dead ones never go).
+fn outbox_expired(cutoff: DateTime<Utc>) -> Condition {
+    Condition::all().add(outbox_message::Column::PublishedAt.lt(cutoff))
+}
+
+/// Deletes the rows matching `expired`, `batch` ids per statement, and
+/// returns how many went. Each delete re-checks `expired`, so a concurrent
+/// pruner deleting the same ids only makes this one count fewer.
+async fn delete_in_batches<E>(
+    db: &DatabaseConnection,
+    id: E::Column,
+    expired: Condition,
+    batch: u64,
+) -> Result<u64, DbErr>
+where
+    E: EntityTrait,
+{
+    let mut deleted = 0;
     loop {
-        let ids: Vec<i64> = inbox_message::Entity::find()
+        let ids: Vec<i64> = E::find()
             .select_only()
-            .column(inbox_message::Column::Id)
-            .filter(inbox_message::Column::ProcessedAt.lt(inbox_cutoff))
-            .filter(inbox_message::Column::QuarantinedAt.is_null())
-            .order_by_asc(inbox_message::Column::Id)
+            .column(id)
+            .filter(expired.clone())
+            .order_by_asc(id)
             .limit(batch)
             .into_tuple()
             .all(db)
             .await?;
         let full = ids.len() as u64 == batch;
         if !ids.is_empty() {
-            report.inbox += inbox_message::Entity::delete_many()
-                .filter(inbox_message::Column::Id.is_in(ids))
-                .filter(inbox_message::Column::ProcessedAt.lt(inbox_cutoff))
+            deleted += E::delete_many()
+                .filter(id.is_in(ids))
+                .filter(expired.clone())
                 .exec(db)
                 .await?
                 .rows_affected;
         }
         if !full {
-            break;
+            return Ok(deleted);
         }
     }
-    loop {
-        let ids: Vec<i64> = outbox_message::Entity::find()
-            .select_only()
-            .column(outbox_message::Column::Id)
-            .filter(outbox_message::Column::PublishedAt.lt(outbox_cutoff))
-            .order_by_asc(outbox_message::Column::Id)
-            .limit(batch)
-            .into_tuple()
-            .all(db)
-            .await?;
-        let full = ids.len() as u64 == batch;
-        if !ids.is_empty() {
-            report.outbox += outbox_message::Entity::delete_many()
-                .filter(outbox_message::Column::Id.is_in(ids))
-                .filter(outbox_message::Column::PublishedAt.lt(outbox_cutoff))
-                .exec(db)
-                .await?
-                .rows_affected;
-        }
-        if !full {
-            break;
-        }
-    }
-    Ok(report)
 }
 
 /// What [`prune`] would delete at `now`, without deleting.
@@ -198,12 +213,11 @@ pub async fn prune_dry_run(
 ) -> Result<PruneReport, DbErr> {
     Ok(PruneReport {
         inbox: inbox_message::Entity::find()
-            .filter(inbox_message::Column::ProcessedAt.lt(cutoff(now, config.inbox)))
-            .filter(inbox_message::Column::QuarantinedAt.is_null())
+            .filter(inbox_expired(cutoff(now, config.inbox)))
             .count(db)
             .await?,
         outbox: outbox_message::Entity::find()
-            .filter(outbox_message::Column::PublishedAt.lt(cutoff(now, config.outbox)))
+            .filter(outbox_expired(cutoff(now, config.outbox)))
             .count(db)
             .await?,
     })
