@@ -142,6 +142,7 @@ pub async fn serve(
             RelayConfig {
                 lease,
                 batch_size: settings.relay_batch_size,
+                concurrency: settings.relay_concurrency,
                 poll_interval: Duration::from_millis(settings.relay_poll_ms),
                 max_attempts: i32::try_from(settings.relay_max_attempts).unwrap_or(i32::MAX),
                 ..RelayConfig::default()

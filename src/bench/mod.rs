@@ -3,6 +3,7 @@
 //! has one. Benchmarks report; they never pass or fail on speed.
 
 mod api;
+mod cpu;
 mod e2e;
 mod inbox;
 mod latency;
@@ -135,6 +136,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             .await?
         }
     };
+    drop_created(&args.pg_url).await;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -143,7 +145,35 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// A fresh, migrated PostgreSQL database for one run.
+/// Databases [`fresh_pg`] created in this run, dropped when it ends so that
+/// repeated runs (a million-row `api` scenario among them) do not fill the disk.
+static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Drops this run's databases; a failure only leaves them behind (logged).
+async fn drop_created(server: &str) {
+    let names = std::mem::take(&mut *CREATED.lock().unwrap_or_else(|e| e.into_inner()));
+    if names.is_empty() {
+        return;
+    }
+    let admin = match sea_orm::Database::connect(format!("{server}/postgres")).await {
+        Ok(admin) => admin,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not drop the benchmark databases");
+            return;
+        }
+    };
+    for name in names {
+        let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+        if let Err(err) = admin
+            .execute_raw(Statement::from_string(DbBackend::Postgres, sql))
+            .await
+        {
+            tracing::warn!(database = %name, error = %err, "could not drop a benchmark database");
+        }
+    }
+}
+
+/// A fresh, migrated PostgreSQL database for one run (dropped at its end).
 pub async fn fresh_pg(server: &str, scenario: &str) -> Result<(DatabaseConnection, String)> {
     let name = format!("bench_{scenario}_{}", uuid::Uuid::now_v7().simple());
     let admin = sea_orm::Database::connect(format!("{server}/postgres"))
@@ -155,6 +185,10 @@ pub async fn fresh_pg(server: &str, scenario: &str) -> Result<(DatabaseConnectio
             format!("CREATE DATABASE {name}"),
         ))
         .await?;
+    CREATED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(name.clone());
     let url = format!("{server}/{name}");
     let db = service::db::connect(&url, 32).await?;
     migration::Migrator::up(&db, None).await?;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use worker::{Relay, RelayConfig, StreamSpec};
 
+use super::cpu::CpuSample;
 use super::report::Report;
 
 /// Publishes in flight at once in the baseline (the client's default limit).
@@ -64,6 +65,15 @@ async fn plain_publisher(
         ack?;
     }
     Ok(rows as f64 / started.elapsed().as_secs_f64())
+}
+
+/// "total (this + PostgreSQL + NATS)" in ms of CPU per 1,000 messages.
+fn cpu_cell([this, pg, nats, total]: [f64; 4]) -> String {
+    if pg > 0.0 {
+        format!("{total:.1} ({this:.1}+{pg:.1}+{nats:.1})")
+    } else {
+        format!("{total:.1} ({this:.1}+{nats:.1})")
+    }
 }
 
 fn bytes_of(size: usize) -> Vec<u8> {
@@ -137,10 +147,13 @@ pub async fn run(pg: &str, nats_url: &str, rows: u64) -> Result<Report> {
     let mut pg_version = None;
     report.setup.push(("rows".into(), format!("{rows} per measurement, pre-filled on PostgreSQL, each published with Nats-Msg-Id and its PubAck awaited")));
     report.setup.push(("baseline".into(), format!("plain async-nats publisher, {IN_FLIGHT} PubAcks in flight, no database, same stream settings")));
+    report.setup.push(("CPU".into(), "user+system time of this process, all postgres and all nats-server processes over the measurement (/proc), per 1,000 messages; the ceiling is cores / that".into()));
     for size in [256usize, 4096] {
         let id = uuid::Uuid::now_v7().simple().to_string();
         let subject = stream(&js, &format!("BASE{size}_{}", &id[id.len() - 8..])).await?;
+        let before = CpuSample::now();
         let base = plain_publisher(&js, &subject, rows, size).await?;
+        let base_cpu = CpuSample::now().since(&before).per_thousand(rows);
         eprintln!("  {size} B plain publisher: {base:.0}/s");
         for n in [1usize, 3] {
             let (db, _) = super::fresh_pg(pg, "relay").await?;
@@ -150,7 +163,9 @@ pub async fn run(pg: &str, nats_url: &str, rows: u64) -> Result<Report> {
             let id = uuid::Uuid::now_v7().simple().to_string();
             let subject = stream(&js, &format!("RELAY{size}_{n}_{}", &id[id.len() - 8..])).await?;
             fill(&db, &subject, rows, size).await?;
+            let before = CpuSample::now();
             let rate = relays(&db, &js, n, rows).await?;
+            let cpu = CpuSample::now().since(&before).per_thousand(rows);
             eprintln!("  {size} B, {n} relay(s): {rate:.0}/s");
             report.row(
                 format!("{size} B, {n} relay(s)"),
@@ -158,6 +173,12 @@ pub async fn run(pg: &str, nats_url: &str, rows: u64) -> Result<Report> {
                     ("relay rows/s", format!("{rate:.0}")),
                     ("plain publisher msg/s", format!("{base:.0}")),
                     ("relay/plain", format!("{:.2}", rate / base)),
+                    ("relay CPU ms/1k rows (seawall+PG+NATS)", cpu_cell(cpu)),
+                    ("plain CPU ms/1k msgs (client+NATS)", cpu_cell(base_cpu)),
+                    (
+                        "relay CPU-bound ceiling rows/s",
+                        format!("{:.0}", report.cores as f64 * 1e6 / cpu[3].max(1e-9)),
+                    ),
                 ],
             );
             db.close().await?;

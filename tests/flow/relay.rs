@@ -93,6 +93,41 @@ async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(bac
 }
 on_backends!(a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing: sqlite, postgres);
 
+/// On PostgreSQL a batch is held by row locks in the relay's open
+/// transaction, not by a lease: when the relay dies its rows are free as soon
+/// as its connection drops, long before a (here one-minute) lease would run
+/// out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_relays_rows_are_free_at_once_on_postgres() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    enqueue_many(&t.db, 50, "locked").await;
+    let lease = ("SEAWALL_RELAY_LEASE_MS", "60000");
+    let mut crashing = Seawall::spawn(
+        &["relay"],
+        &env(
+            &t.url,
+            &nats.url(),
+            &[lease, ("SEAWALL_FAULT", worker::relay::FAULT_AFTER_PUBACK)],
+        ),
+    );
+    assert!(
+        !crashing.wait().await.success(),
+        "the fault point aborted the relay"
+    );
+    assert_eq!(worker::relay::pending_count(&t.db).await.unwrap(), 50);
+    let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &[lease]));
+    // Inside the lease: under a lease these rows would still be held.
+    wait_drained(&t.db, Duration::from_secs(50)).await;
+    assert_eq!(unique_count(&stored_on(&js, SUBJECT).await), 50);
+    assert!(relay.terminate().await.success());
+    relay.assert_no_panic();
+}
+
 /// Test 4: three relays on PostgreSQL share 5,000 rows; each row is published
 /// by one relay, and when one is killed the others finish its rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

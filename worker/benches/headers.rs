@@ -1,7 +1,7 @@
 //! Micro-benchmark of building the NATS message for an outbox row (headers
 //! from JSON plus `Nats-Msg-Id`), done once per published row.
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use entity::outbox_message;
 
 fn rows() -> Vec<(&'static str, outbox_message::Model)> {
@@ -45,7 +45,11 @@ fn build(c: &mut Criterion) {
     let mut group = c.benchmark_group("publish_message");
     for (name, row) in rows() {
         group.bench_function(name, |b| {
-            b.iter(|| worker::relay::publish_message(std::hint::black_box(&row)))
+            b.iter_batched(
+                || row.payload.clone(),
+                |payload| worker::relay::publish_message(std::hint::black_box(&row), payload),
+                BatchSize::SmallInput,
+            )
         });
     }
     group.finish();

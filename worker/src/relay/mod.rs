@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 use futures::future::join_all;
-use sea_orm::{DatabaseConnection, DbBackend, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +34,9 @@ pub struct RelayConfig {
     pub instance: String,
     /// Rows claimed per round.
     pub batch_size: u64,
+    /// Rounds in flight at once, so that one batch's database work overlaps
+    /// another's publishing instead of the two taking turns.
+    pub concurrency: usize,
     /// How long a claim is exclusive; a crashed relay's rows wait this long.
     pub lease: Duration,
     /// Failed publishes before a row is marked dead.
@@ -53,6 +56,7 @@ impl Default for RelayConfig {
         Self {
             instance: format!("relay-{}", uuid_like()),
             batch_size: 500,
+            concurrency: 2,
             lease: Duration::from_secs(30),
             max_attempts: 10,
             poll_interval: Duration::from_secs(1),
@@ -124,22 +128,61 @@ impl Relay {
         }
     }
 
-    /// One round: claim a batch, publish it pipelined, record the results.
+    /// One round: take a batch, publish it pipelined, record the results.
+    ///
+    /// Where the database has row locks the batch is locked and recorded in
+    /// one transaction held open while it is published (one write per row);
+    /// on SQLite it is claimed under a lease first.
     ///
     /// # Errors
     /// A database error; publish failures are recorded on the rows instead.
     #[tracing::instrument(name = "relay.round", skip_all, fields(instance = %self.config.instance))]
     pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
-        let me = self.config.instance.as_str();
         let started = std::time::Instant::now();
-        let rows = store::claim(&self.db, me, self.config.lease, self.config.batch_size).await?;
+        let report = if self.db.get_database_backend() == DbBackend::Sqlite {
+            let me = self.config.instance.as_str();
+            let rows =
+                store::claim(&self.db, me, self.config.lease, self.config.batch_size).await?;
+            let (report, released) = self
+                .publish_and_record(&self.db, Some(me), rows, started)
+                .await?;
+            store::release(&self.db, me, released).await?;
+            report
+        } else {
+            let txn = self.db.begin().await?;
+            let rows = store::lock(&txn, self.config.batch_size).await?;
+            // Rows left unpublished are released by the commit.
+            let (report, _) = self.publish_and_record(&txn, None, rows, started).await?;
+            txn.commit().await?;
+            report
+        };
+        // Counted once the outcome is durable.
+        if report.claimed > 0 {
+            metrics::histogram!("seawall_relay_batch_size").record(report.claimed as f64);
+        }
+        metrics::counter!("seawall_relay_published_total").increment(report.published as u64);
+        metrics::counter!("seawall_relay_failed_total").increment(report.failed as u64);
+        metrics::counter!("seawall_relay_dead_total").increment(report.dead as u64);
+        Ok(report)
+    }
+
+    /// Publishes `rows` (held by `owner`'s lease, or by row locks in `conn`
+    /// when `None`) and records each outcome; returns the report and the rows
+    /// to hand back unpublished.
+    async fn publish_and_record<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        owner: Option<&str>,
+        rows: Vec<outbox_message::Model>,
+        started: std::time::Instant,
+    ) -> Result<(RelayReport, Vec<i64>), RelayError> {
         let claimed_in = started.elapsed();
         let mut report = RelayReport {
             claimed: rows.len(),
             ..RelayReport::default()
         };
         if rows.is_empty() {
-            return Ok(report);
+            return Ok((report, Vec::new()));
         }
         // Rows sharing an ordering key are published one after another (each
         // waits for the previous PubAck); everything else is in flight at once.
@@ -174,8 +217,8 @@ impl Relay {
                 report.failed += 1;
                 let retry_after = self.backoff(row.attempts);
                 if store::mark_failed(
-                    &self.db,
-                    me,
+                    conn,
+                    owner,
                     &row,
                     &error,
                     retry_after,
@@ -190,9 +233,8 @@ impl Relay {
                 }
             }
         }
-        report.published = usize::try_from(store::mark_published(&self.db, me, published).await?)
+        report.published = usize::try_from(store::mark_published(conn, owner, published).await?)
             .unwrap_or(usize::MAX);
-        store::release(&self.db, me, released).await?;
         tracing::debug!(
             rows = report.claimed,
             claim_ms = claimed_in.as_secs_f64() * 1e3,
@@ -200,18 +242,16 @@ impl Relay {
             record_ms = (started.elapsed() - claimed_in - published_in).as_secs_f64() * 1e3,
             "relay batch"
         );
-        metrics::histogram!("seawall_relay_batch_size").record(report.claimed as f64);
-        metrics::counter!("seawall_relay_published_total").increment(report.published as u64);
-        metrics::counter!("seawall_relay_failed_total").increment(report.failed as u64);
-        metrics::counter!("seawall_relay_dead_total").increment(report.dead as u64);
-        Ok(report)
+        Ok((report, released))
     }
 
     async fn publish_chain(&self, chain: Vec<outbox_message::Model>) -> ChainResult {
         let mut result = ChainResult::default();
         let mut rows = chain.into_iter();
-        for row in rows.by_ref() {
-            match self.publish(&row).await {
+        for mut row in rows.by_ref() {
+            // The payload is not needed after publishing: move it, don't copy it.
+            let payload = std::mem::take(&mut row.payload);
+            match self.publish(&row, payload).await {
                 Ok(()) => result.published.push(row.id),
                 Err(error) => {
                     result.failed = Some((row, error));
@@ -223,11 +263,11 @@ impl Relay {
         result
     }
 
-    async fn publish(&self, row: &outbox_message::Model) -> Result<(), String> {
+    async fn publish(&self, row: &outbox_message::Model, payload: Vec<u8>) -> Result<(), String> {
         let started = std::time::Instant::now();
         let ack: PublishAckFuture = self
             .js
-            .send_publish(row.subject.clone(), publish_message(row))
+            .send_publish(row.subject.clone(), publish_message(row, payload))
             .await
             .map_err(|e| format!("publish to {}: {e}", row.subject))?;
         ack.await
@@ -245,10 +285,11 @@ impl Relay {
             .min(self.config.retry_max)
     }
 
-    /// Runs rounds until `cancel` fires. Rounds follow each other at once while
-    /// batches come back full; otherwise the relay sleeps until this process
-    /// commits outbox rows, PostgreSQL notifies a commit elsewhere, or the poll
-    /// interval passes. The round in flight is finished before returning.
+    /// Runs rounds until `cancel` fires, `concurrency` at a time. Rounds follow
+    /// each other at once while batches come back full; otherwise the relay
+    /// sleeps until this process commits outbox rows, PostgreSQL notifies a
+    /// commit elsewhere, or the poll interval passes. Rounds in flight are
+    /// finished before returning.
     ///
     /// # Errors
     /// Never for database trouble (logged and retried after the poll
@@ -264,7 +305,14 @@ impl Relay {
             } else {
                 None
             };
-        tracing::info!(instance = %self.config.instance, "outbox relay started");
+        tracing::info!(instance = %self.config.instance, concurrency = self.config.concurrency, "outbox relay started");
+        join_all((0..self.config.concurrency.max(1)).map(|_| self.lane(&cancel))).await;
+        tracing::info!(instance = %self.config.instance, "outbox relay stopped");
+        Ok(())
+    }
+
+    /// One sequence of rounds; [`Relay::run`] runs several side by side.
+    async fn lane(&self, cancel: &CancellationToken) {
         loop {
             if cancel.is_cancelled() {
                 break;
@@ -290,8 +338,6 @@ impl Relay {
                 () = tokio::time::sleep(self.config.poll_interval) => {}
             }
         }
-        tracing::info!(instance = %self.config.instance, "outbox relay stopped");
-        Ok(())
     }
 }
 
@@ -302,8 +348,9 @@ struct ChainResult {
     skipped: Vec<i64>,
 }
 
-/// Builds the NATS message for a row: its headers plus `Nats-Msg-Id`.
-pub fn publish_message(row: &outbox_message::Model) -> PublishMessage {
+/// Builds the NATS message for a row: its headers plus `Nats-Msg-Id`, around
+/// `payload` (the row's, handed over by value so it is not copied).
+pub fn publish_message(row: &outbox_message::Model, payload: Vec<u8>) -> PublishMessage {
     let mut headers = HeaderMap::new();
     if let Some(map) = row.headers.as_object() {
         for (name, value) in map {
@@ -314,6 +361,6 @@ pub fn publish_message(row: &outbox_message::Model) -> PublishMessage {
     }
     PublishMessage::build()
         .headers(headers)
-        .payload(row.payload.clone().into())
+        .payload(payload.into())
         .message_id(&row.message_id)
 }

@@ -1,10 +1,14 @@
 //! The relay's database side: claiming, marking and releasing outbox rows.
 //!
-//! Rows are claimed with a lease (`locked_by`, `locked_until`) so that a
-//! crashed relay's rows are picked up by another after the lease runs out;
-//! the claim itself runs with `FOR UPDATE SKIP LOCKED` where the backend has it
-//! (PostgreSQL, MySQL), so concurrent relays take disjoint batches instead of
-//! queueing on each other, and in a `BEGIN IMMEDIATE` transaction on SQLite.
+//! Two ways to own a batch while it is published:
+//! - [`lock`] (PostgreSQL, MySQL): `SELECT … FOR UPDATE SKIP LOCKED` in a
+//!   transaction that stays open while the batch is published and in which
+//!   the rows are then marked published. Concurrent relays take disjoint
+//!   batches, each row is written once, and a crashed relay's rows are free
+//!   the moment its connection drops.
+//! - [`claim`] (SQLite, which has no row locks): a lease (`locked_by`,
+//!   `locked_until`) written in a `BEGIN IMMEDIATE` transaction, so a crashed
+//!   relay's rows are picked up by another after the lease runs out.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -12,8 +16,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType};
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
+    DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, SqliteTransactionMode,
+    TransactionOptions, TransactionTrait,
 };
 
 use entity::outbox_message::{self, Column};
@@ -21,6 +26,49 @@ use entity::outbox_message::{self, Column};
 /// Chrono duration from std, saturating (leases and backoffs are small).
 pub(crate) fn span(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// The first `limit` rows a relay may publish now: unpublished, not dead,
+/// past their backoff and not under someone's live lease, in id order.
+fn publishable(now: DateTime<Utc>, limit: u64) -> Select<outbox_message::Entity> {
+    outbox_message::Entity::find()
+        .filter(Column::PublishedAt.is_null())
+        .filter(Column::DeadAt.is_null())
+        .filter(Column::NextAttemptAt.lte(now))
+        .filter(
+            Condition::any()
+                .add(Column::LockedUntil.is_null())
+                .add(Column::LockedUntil.lt(now)),
+        )
+        .order_by_asc(Column::Id)
+        .limit(limit)
+}
+
+/// Locks up to `limit` publishable rows in `txn` (`FOR UPDATE SKIP LOCKED`)
+/// and returns them whole; they stay this relay's until `txn` ends.
+///
+/// The same ordering-key rule as [`claim`] applies; rows it drops stay locked
+/// until `txn` ends, which only delays them behind their key's earlier row.
+pub(crate) async fn lock(
+    txn: &DatabaseTransaction,
+    limit: u64,
+) -> Result<Vec<outbox_message::Model>, DbErr> {
+    let rows = publishable(Utc::now(), limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .all(txn)
+        .await?;
+    if rows.iter().all(|r| r.ordering_key.is_none()) {
+        return Ok(rows);
+    }
+    let candidates = rows
+        .iter()
+        .map(|r| (r.id, r.ordering_key.clone()))
+        .collect();
+    let keep: HashSet<i64> = keep_key_prefixes(txn, candidates)
+        .await?
+        .into_iter()
+        .collect();
+    Ok(rows.into_iter().filter(|r| keep.contains(&r.id)).collect())
 }
 
 /// Claims up to `limit` publishable rows for `me` until `now + lease`.
@@ -44,20 +92,10 @@ pub(crate) async fn claim(
             sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
         })
         .await?;
-    let mut query = outbox_message::Entity::find()
+    let mut query = publishable(now, limit)
         .select_only()
         .column(Column::Id)
-        .column(Column::OrderingKey)
-        .filter(Column::PublishedAt.is_null())
-        .filter(Column::DeadAt.is_null())
-        .filter(Column::NextAttemptAt.lte(now))
-        .filter(
-            Condition::any()
-                .add(Column::LockedUntil.is_null())
-                .add(Column::LockedUntil.lt(now)),
-        )
-        .order_by_asc(Column::Id)
-        .limit(limit);
+        .column(Column::OrderingKey);
     if backend != DbBackend::Sqlite {
         query = query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
     }
@@ -125,10 +163,18 @@ async fn keep_key_prefixes<C: sea_orm::ConnectionTrait>(
         .collect())
 }
 
-/// Marks rows JetStream acknowledged as published (if `me` still holds them).
-pub(crate) async fn mark_published(
-    db: &DatabaseConnection,
-    me: &str,
+/// Restricts an update to rows `owner` still holds by lease; `None` when the
+/// caller holds them by row lock in its own transaction.
+fn held_by(owner: Option<&str>) -> Condition {
+    owner.map_or_else(Condition::all, |me| {
+        Condition::all().add(Column::LockedBy.eq(me))
+    })
+}
+
+/// Marks rows JetStream acknowledged as published (if `owner` still holds them).
+pub(crate) async fn mark_published<C: ConnectionTrait>(
+    db: &C,
+    owner: Option<&str>,
     ids: Vec<i64>,
 ) -> Result<u64, DbErr> {
     if ids.is_empty() {
@@ -142,7 +188,7 @@ pub(crate) async fn mark_published(
             Expr::value(Option::<DateTime<Utc>>::None),
         )
         .filter(Column::Id.is_in(ids))
-        .filter(Column::LockedBy.eq(me))
+        .filter(held_by(owner))
         .exec(db)
         .await?;
     Ok(res.rows_affected)
@@ -150,9 +196,9 @@ pub(crate) async fn mark_published(
 
 /// Records a failed publish: one more attempt, the error, a backoff, and
 /// `dead_at` once the attempt limit is reached.
-pub(crate) async fn mark_failed(
-    db: &DatabaseConnection,
-    me: &str,
+pub(crate) async fn mark_failed<C: ConnectionTrait>(
+    db: &C,
+    owner: Option<&str>,
     row: &outbox_message::Model,
     error: &str,
     retry_after: Duration,
@@ -172,7 +218,7 @@ pub(crate) async fn mark_failed(
         )
         .col_expr(Column::DeadAt, Expr::value(dead.then_some(now)))
         .filter(Column::Id.eq(row.id))
-        .filter(Column::LockedBy.eq(me))
+        .filter(held_by(owner))
         .exec(db)
         .await?;
     Ok(dead)
