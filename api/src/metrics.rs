@@ -15,12 +15,20 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use crate::AppState;
 use crate::error::error_response;
 
-/// Installs the process-wide Prometheus recorder. Call once, early.
+/// How often buffered histogram samples are folded into their buckets.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Installs the process-wide Prometheus recorder and starts its upkeep task.
+/// Call once, early, inside the tokio runtime.
+///
+/// The recorder buffers every histogram sample (one per published row, per
+/// processed message) until upkeep folds them into buckets; without the
+/// task a process that nobody scrapes grows by every sample it ever recorded.
 ///
 /// # Errors
 /// When a recorder is already installed.
 pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".into()),
             &[
@@ -31,7 +39,16 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
             Matcher::Full("seawall_relay_batch_size".into()),
             &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0],
         )?
-        .install_recorder()
+        .install_recorder()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
 
 /// Prometheus text: refreshed table gauges plus everything recorded.
