@@ -120,7 +120,7 @@ async fn inbox_race(
     println!("    Two instances process the same message at once, fast-path check disabled.");
     let id = format!("demo-{run}-race");
     let env = envelope(&id, &format!("demo-{run}-race"), 100, None)?;
-    let inbox = inbox.clone().with_fast_path(false);
+    let inbox = inbox.clone().with_fast_path(service::FastPath::Never);
     let handler = CreditHandler::default();
     let (a, b) = tokio::join!(
         inbox.process(&env, consumer, &handler),

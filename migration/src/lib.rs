@@ -20,7 +20,7 @@ mod m20261130_000004_create_demo_domain;
 mod m20261130_000005_create_outbox_notify_trigger;
 mod m20261130_000006_add_inbox_claim_message;
 mod m20261130_000007_create_admin_indexes;
-mod m20261130_000008_partial_ordering_key_index;
+mod m20261130_000008_partial_outbox_indexes;
 
 /// Applies seawall's migrations in order. Already applied ones are skipped,
 /// so running it at every start-up is safe.
@@ -37,7 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000005_create_outbox_notify_trigger::Migration),
             Box::new(m20261130_000006_add_inbox_claim_message::Migration),
             Box::new(m20261130_000007_create_admin_indexes::Migration),
-            Box::new(m20261130_000008_partial_ordering_key_index::Migration),
+            Box::new(m20261130_000008_partial_outbox_indexes::Migration),
         ]
     }
 }

@@ -129,6 +129,11 @@ pub struct Envelope {
     pub headers: BTreeMap<String, String>,
     /// The raw payload; handlers parse it themselves.
     pub payload: Vec<u8>,
+    /// The broker delivered this message before (its ack was lost, or an
+    /// earlier attempt failed), so it may well be processed already. Only a
+    /// hint: the [`crate::inbox::FastPath`] check runs for such deliveries;
+    /// correctness never depends on it.
+    pub redelivered: bool,
 }
 
 impl Envelope {
@@ -143,7 +148,15 @@ impl Envelope {
             subject: subject.into(),
             headers: BTreeMap::new(),
             payload: payload.into(),
+            redelivered: false,
         }
+    }
+
+    /// Marks the envelope as a redelivery (see [`Envelope::redelivered`]).
+    #[must_use]
+    pub fn redelivered(mut self, redelivered: bool) -> Self {
+        self.redelivered = redelivered;
+        self
     }
 
     /// Builds an envelope from what a broker delivered, taking the id from
@@ -164,6 +177,7 @@ impl Envelope {
             subject: subject.into(),
             headers,
             payload: payload.into(),
+            redelivered: false,
         })
     }
 }

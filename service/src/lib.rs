@@ -38,6 +38,6 @@ pub mod sweep;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError};
 pub use executor::{Executor, RetryPolicy, Unit};
-pub use inbox::{Handle, Inbox, Outcome};
+pub use inbox::{FastPath, Handle, Inbox, Outcome};
 pub use outbox::{NewEvent, Outbox};
 pub use registry::{Effect, HandlerKind, Registration, Registry};

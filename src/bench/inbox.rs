@@ -10,21 +10,24 @@ use anyhow::Result;
 use futures::future::BoxFuture;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    DatabaseConnection, EntityTrait,
+    ConnectionTrait, DatabaseConnection, EntityTrait,
 };
 
 use entity::credit;
 use service::credits::{CreditHandler, CreditRequest, REQUESTED_SUBJECT, add_to_balance};
 use service::executor::unit;
-use service::{ConsumerName, Envelope, Executor, HandlerError, Inbox, MessageId};
+use service::{ConsumerName, Envelope, Executor, FastPath, HandlerError, Inbox, MessageId};
 
+use super::cpu::CpuSample;
 use super::report::Report;
 
 const ACCOUNTS: u64 = 1_000;
 /// Messages per mode processed before measuring.
 const WARM_UP: u64 = 1_000;
 
-fn envelope(run: &str, i: u64) -> Result<Envelope> {
+/// The envelope of message `i`; `redelivered` as the consumer would mark a
+/// second delivery.
+fn envelope(run: &str, i: u64, redelivered: bool) -> Result<Envelope> {
     let req = CreditRequest {
         account_id: format!("{run}-acct-{}", i % ACCOUNTS),
         amount: 1,
@@ -34,27 +37,52 @@ fn envelope(run: &str, i: u64) -> Result<Envelope> {
         MessageId::parse(format!("{run}-{i}"))?,
         REQUESTED_SUBJECT,
         serde_json::to_vec(&req)?,
-    ))
+    )
+    .redelivered(redelivered))
 }
 
 #[derive(Clone, Copy)]
 enum Mode {
-    Seawall { fast_path: bool },
+    Seawall { fast_path: FastPath },
     Baseline,
 }
 
-/// Runs `ids` through `workers` tasks; returns messages per second.
+/// What one measurement found.
+struct Measured {
+    /// Messages per second.
+    rate: f64,
+    /// CPU ms per 1,000 messages: this process, PostgreSQL, NATS, total.
+    cpu: [f64; 4],
+}
+
+impl Measured {
+    /// "total (this process + PostgreSQL)" CPU ms per 1,000 messages.
+    fn cpu_cell(&self, backend: &str) -> String {
+        let [this, pg, _, total] = self.cpu;
+        if backend == "PostgreSQL" {
+            format!("{total:.0} ({this:.0}+{pg:.0})")
+        } else {
+            format!("{this:.0}")
+        }
+    }
+}
+
+/// Runs `ids` (message number, delivered before?) through `workers` tasks.
 async fn measure(
     db: &DatabaseConnection,
     mode: Mode,
-    ids: Arc<Vec<u64>>,
+    ids: Arc<Vec<(u64, bool)>>,
     run: &str,
     workers: usize,
-) -> Result<f64> {
+) -> Result<Measured> {
     let next = Arc::new(AtomicU64::new(0));
-    let inbox = Inbox::new(Executor::new(db.clone()))
-        .with_fast_path(matches!(mode, Mode::Seawall { fast_path: true }));
+    let fast_path = match mode {
+        Mode::Seawall { fast_path } => fast_path,
+        Mode::Baseline => FastPath::Never,
+    };
+    let inbox = Inbox::new(Executor::new(db.clone())).with_fast_path(fast_path);
     let consumer = ConsumerName::parse("credit")?;
+    let cpu_before = CpuSample::now();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
@@ -68,10 +96,10 @@ async fn measure(
         tasks.spawn(async move {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed) as usize;
-                let Some(&i) = ids.get(n) else {
+                let Some(&(i, redelivered)) = ids.get(n) else {
                     return Ok::<_, anyhow::Error>(());
                 };
-                let env = envelope(&run, i)?;
+                let env = envelope(&run, i, redelivered)?;
                 match mode {
                     Mode::Seawall { .. } => {
                         inbox
@@ -107,7 +135,69 @@ async fn measure(
     while let Some(r) = tasks.join_next().await {
         r??;
     }
-    Ok(ids.len() as f64 / started.elapsed().as_secs_f64())
+    let rate = ids.len() as f64 / started.elapsed().as_secs_f64();
+    let cpu = CpuSample::now()
+        .since(&cpu_before)
+        .per_thousand(ids.len() as u64);
+    Ok(Measured { rate, cpu })
+}
+
+/// Messages `0..n`, each delivered for the first time.
+fn fresh(n: u64) -> Vec<(u64, bool)> {
+    (0..n).map(|i| (i, false)).collect()
+}
+
+/// At 16 workers, what parts of the overhead cost: the same run with the
+/// fast-path look-up before every message, and on PostgreSQL without the
+/// `LISTEN/NOTIFY` trigger (whose commit-time queue lock serialises
+/// committing transactions).
+async fn variants(
+    report: &mut Report,
+    label: &str,
+    db: &DatabaseConnection,
+    messages: u64,
+    run_id: &str,
+    base_rate: f64,
+    cpu_column: &str,
+) -> Result<()> {
+    let postgres = db.get_database_backend() == sea_orm::DbBackend::Postgres;
+    let mut cases = vec![(
+        "fast-path look-up before every message",
+        FastPath::Always,
+        false,
+    )];
+    if postgres {
+        cases.push(("without the NOTIFY trigger", FastPath::default(), true));
+    }
+    for (name, fast_path, no_trigger) in cases {
+        if no_trigger {
+            db.execute_unprepared(
+                "ALTER TABLE outbox_message DISABLE TRIGGER tr_outbox_message_notify",
+            )
+            .await?;
+        }
+        let ids = Arc::new(fresh(messages));
+        let prefix = format!("v{fast_path:?}{no_trigger}-{run_id}");
+        let m = measure(db, Mode::Seawall { fast_path }, ids, &prefix, 16).await;
+        if no_trigger {
+            db.execute_unprepared(
+                "ALTER TABLE outbox_message ENABLE TRIGGER tr_outbox_message_notify",
+            )
+            .await?;
+        }
+        let m = m?;
+        eprintln!("  {label} 16 workers, {name}: {:.0}/s", m.rate);
+        report.row(
+            format!("{label}, 16 workers, {name}"),
+            vec![
+                ("seawall msg/s", format!("{:.0}", m.rate)),
+                ("baseline msg/s", format!("{base_rate:.0}")),
+                ("seawall/baseline", format!("{:.2}", m.rate / base_rate)),
+                (cpu_column, m.cpu_cell(label)),
+            ],
+        );
+    }
+    Ok(())
 }
 
 /// Runs the scenario on one backend, adding rows to `report`.
@@ -122,10 +212,12 @@ async fn on_backend(
     // the first statements against near-empty tables (sequential scans) and
     // keeps those plans while the tables grow, which would measure the
     // planner, not the inbox.
-    let warm: Arc<Vec<u64>> = Arc::new((0..WARM_UP).collect());
+    let warm = Arc::new(fresh(WARM_UP));
     measure(
         db,
-        Mode::Seawall { fast_path: true },
+        Mode::Seawall {
+            fast_path: FastPath::default(),
+        },
         warm.clone(),
         &format!("ws-{run_id}"),
         4,
@@ -133,11 +225,15 @@ async fn on_backend(
     .await?;
     measure(db, Mode::Baseline, warm, &format!("wb-{run_id}"), 4).await?;
     if db.get_database_backend() == sea_orm::DbBackend::Postgres {
-        use sea_orm::ConnectionTrait;
         db.execute_unprepared("ANALYZE").await?;
     }
+    let cpu_column = if label == "PostgreSQL" {
+        "CPU ms/1k msgs seawall (process+PG) / baseline"
+    } else {
+        "CPU ms/1k msgs seawall / baseline"
+    };
     for workers in [1usize, 4, 16, 64] {
-        let ids: Arc<Vec<u64>> = Arc::new((0..messages).collect());
+        let ids = Arc::new(fresh(messages));
         let base = measure(
             db,
             Mode::Baseline,
@@ -148,37 +244,53 @@ async fn on_backend(
         .await?;
         let sw = measure(
             db,
-            Mode::Seawall { fast_path: true },
+            Mode::Seawall {
+                fast_path: FastPath::default(),
+            },
             ids,
             &format!("s{workers}-{run_id}"),
             workers,
         )
         .await?;
-        eprintln!("  {label} {workers} workers: seawall {sw:.0}/s, baseline {base:.0}/s");
+        let (sw_rate, base_rate) = (sw.rate, base.rate);
+        eprintln!("  {label} {workers} workers: seawall {sw_rate:.0}/s, baseline {base_rate:.0}/s");
         report.row(
             format!("{label}, {workers} workers"),
             vec![
-                ("seawall msg/s", format!("{sw:.0}")),
-                ("baseline msg/s", format!("{base:.0}")),
-                ("seawall/baseline", format!("{:.2}", sw / base)),
+                ("seawall msg/s", format!("{sw_rate:.0}")),
+                ("baseline msg/s", format!("{base_rate:.0}")),
+                ("seawall/baseline", format!("{:.2}", sw_rate / base_rate)),
+                (
+                    cpu_column,
+                    format!("{} / {}", sw.cpu_cell(label), base.cpu_cell(label)),
+                ),
             ],
         );
+        if workers == 16 {
+            variants(report, label, db, messages, &run_id, base_rate, cpu_column).await?;
+        }
     }
-    // 30% duplicates: the first 70% are new, then 30% replay earlier ids.
-    for fast_path in [true, false] {
-        let prefix = format!("d{fast_path}-{run_id}");
-        let fresh = messages * 7 / 10;
-        let mut ids: Vec<u64> = (0..fresh).collect();
-        ids.extend((0..messages - fresh).map(|i| i % fresh.max(1)));
-        let rate = measure(db, Mode::Seawall { fast_path }, Arc::new(ids), &prefix, 16).await?;
-        let label2 = if fast_path { "fast path" } else { "index only" };
-        eprintln!("  {label} 30% duplicates, {label2}: {rate:.0}/s");
+    // 30% duplicates: the first 70% are new, then 30% are redeliveries of
+    // earlier ids (marked so, as the consumer marks them).
+    for (name, fast_path) in [
+        ("fast path on redeliveries", FastPath::Redeliveries),
+        ("fast path always", FastPath::Always),
+        ("index only", FastPath::Never),
+    ] {
+        let prefix = format!("d{fast_path:?}-{run_id}");
+        let first = messages * 7 / 10;
+        let mut ids = fresh(first);
+        ids.extend((0..messages - first).map(|i| (i % first.max(1), true)));
+        let m = measure(db, Mode::Seawall { fast_path }, Arc::new(ids), &prefix, 16).await?;
+        let rate = m.rate;
+        eprintln!("  {label} 30% duplicates, {name}: {rate:.0}/s");
         report.row(
-            format!("{label}, 16 workers, 30% duplicates, {label2}"),
+            format!("{label}, 16 workers, 30% duplicates, {name}"),
             vec![
                 ("seawall msg/s", format!("{rate:.0}")),
                 ("baseline msg/s", "-".into()),
                 ("seawall/baseline", "-".into()),
+                (cpu_column, m.cpu_cell(label)),
             ],
         );
     }
@@ -216,6 +328,14 @@ pub async fn run(pg: &str, messages: u64) -> Result<Report> {
         "baseline".into(),
         "the same credit insert and balance update in a bare transaction: no marker, no outbox row"
             .into(),
+    ));
+    report.setup.push((
+        "fast path".into(),
+        "the default (look-up only before redeliveries) unless the row names another".into(),
+    ));
+    report.setup.push((
+        "CPU".into(),
+        "user+system time of this process and of all postgres processes, per 1,000 messages".into(),
     ));
     report.setup.push((
         "warm-up".into(),

@@ -61,7 +61,7 @@ pub enum Scenario {
     /// Messages/s through `Inbox::process` against a bare transaction, 1-64 workers.
     Inbox {
         /// Messages per measurement.
-        #[arg(long, default_value_t = 4_000)]
+        #[arg(long, default_value_t = 10_000)]
         messages: u64,
     },
     /// Outbox rows/s to JetStream against a plain publisher, 1 and 3 relays.

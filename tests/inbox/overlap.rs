@@ -31,7 +31,8 @@ async fn overlap(commit_first: bool) -> Option<Outcome<service::credits::CreditA
     let txn = a.begin().await.unwrap();
     record_marker(&txn, &env, &consumer).await.unwrap();
 
-    let b = Inbox::new(Executor::new(t.second_pool().await)).with_fast_path(false);
+    let b =
+        Inbox::new(Executor::new(t.second_pool().await)).with_fast_path(service::FastPath::Never);
     let (env_b, consumer_b) = (env.clone(), consumer.clone());
     let task = tokio::spawn(async move {
         b.process(&env_b, &consumer_b, &CreditHandler::default())

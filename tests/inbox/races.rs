@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use entity::prelude::*;
-use sea_orm::EntityTrait as _;
+use sea_orm::{ConnectionTrait as _, EntityTrait as _, TransactionTrait as _};
 use service::credits::{CREDIT_CONSUMER, CreditHandler, CreditRequest, naive_apply_credit};
 use service::{ConsumerName, Executor, Inbox, Outcome};
 use tokio::sync::Barrier;
@@ -38,8 +38,9 @@ async fn two_instances_racing_on_one_message_apply_it_once(backend: Backend) {
     let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
     // The fast path is off so that the unique index alone must decide, and
     // the handler works for a while so the two transactions overlap.
-    let a = Inbox::new(Executor::new(t.db.clone())).with_fast_path(false);
-    let b = Inbox::new(Executor::new(t.second_pool().await)).with_fast_path(false);
+    let a = Inbox::new(Executor::new(t.db.clone())).with_fast_path(service::FastPath::Never);
+    let b =
+        Inbox::new(Executor::new(t.second_pool().await)).with_fast_path(service::FastPath::Never);
     let handler = CreditHandler {
         work: std::time::Duration::from_millis(20),
     };
@@ -101,3 +102,33 @@ async fn a_redelivered_message_is_applied_once(backend: Backend) {
     assert_eq!(t.count(InboxMessage).await, 2);
 }
 on_backends!(a_redelivered_message_is_applied_once: sqlite, postgres);
+
+/// With the default fast path a redelivery is answered by the look-up alone:
+/// while another session holds a lock that blocks every insert into
+/// `inbox_message` (but not reads), a redelivered duplicate still comes back
+/// `Duplicate`, where the insert path would wait for the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_duplicate_is_answered_by_the_look_up() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let handler = CreditHandler::default();
+    let env = credit_envelope("look-up", "acct", 10, None);
+    assert!(matches!(
+        inbox.process(&env, &consumer, &handler).await.unwrap(),
+        Outcome::Processed(_)
+    ));
+    let locker = t.second_pool().await;
+    let lock = locker.begin().await.unwrap();
+    lock.execute_unprepared("LOCK TABLE inbox_message IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        inbox.process(&env.clone().redelivered(true), &consumer, &handler),
+    )
+    .await
+    .expect("the redelivery waited for the insert lock: no look-up ran");
+    assert_eq!(outcome.unwrap(), Outcome::Duplicate);
+    lock.rollback().await.unwrap();
+}

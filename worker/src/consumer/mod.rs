@@ -205,6 +205,7 @@ impl Consumer {
                 msg.payload.to_vec(),
             ) {
                 Ok(envelope) => {
+                    let envelope = envelope.redelivered(delivered > 1);
                     tracing::Span::current().record("message_id", envelope.message_id.as_str());
                     let verdict = match &self.registration.kind {
                         HandlerKind::Transaction(handler) => {
