@@ -13,7 +13,7 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use migration::MigratorTrait;
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -24,13 +24,20 @@ use service::credits::{
 use service::{ConsumerName, Executor, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig, Relay, RelayConfig};
 
+use super::cpu::CpuSample;
 use super::report::Report;
 
+/// Messages sent through before measuring (then `ANALYZE` on PostgreSQL).
+const WARM_UP: u64 = 2_000;
+
+/// Sends `messages` requests with ids `{run}-{i}` through a fresh CREDITS
+/// stream; returns messages per second.
 async fn measure(
     db: DatabaseConnection,
     js: &jetstream::Context,
     client: &async_nats::Client,
     messages: u64,
+    run: &str,
 ) -> Result<f64> {
     let _ = js.delete_stream(CREDITS_STREAM).await;
     worker::ensure_stream(
@@ -86,7 +93,7 @@ async fn measure(
         .unwrap_or_else(|_| payload.clone());
         let msg = PublishMessage::build()
             .payload(payload.into())
-            .message_id(format!("e2e-{i}"));
+            .message_id(format!("{run}-{i}"));
         acks.push(js.send_publish(REQUESTED_SUBJECT, msg).await?.into_future());
         // Keep a bounded window of PubAcks in flight: the context caps them,
         // and the relay shares this context.
@@ -140,10 +147,34 @@ pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
     report
         .versions
         .push(("PostgreSQL".into(), super::pg_version(&pg_db).await?));
+    report.setup.push((
+        "warm-up".into(),
+        format!("{WARM_UP} messages through the same path first, then ANALYZE (PostgreSQL)"),
+    ));
+    report.setup.push((
+        "CPU".into(),
+        "user+system time of this process, all postgres and all nats-server processes, per 1,000 messages".into(),
+    ));
     for (label, db) in [("SQLite", sqlite), ("PostgreSQL", pg_db)] {
-        let rate = measure(db, &js, &client, messages).await?;
+        let warm = WARM_UP.min(messages);
+        measure(db.clone(), &js, &client, warm, "e2e-warm").await?;
+        if db.get_database_backend() == sea_orm::DbBackend::Postgres {
+            db.execute_unprepared("ANALYZE").await?;
+        }
+        let before = CpuSample::now();
+        let rate = measure(db, &js, &client, messages, "e2e").await?;
+        let [this, pg, nats, total] = CpuSample::now().since(&before).per_thousand(messages);
         eprintln!("  {label}: {rate:.0} messages/s");
-        report.row(label, vec![("messages/s end to end", format!("{rate:.0}"))]);
+        report.row(
+            label,
+            vec![
+                ("messages/s end to end", format!("{rate:.0}")),
+                (
+                    "CPU ms/1k msgs (seawall+PG+NATS)",
+                    format!("{total:.0} ({this:.0}+{pg:.0}+{nats:.0})"),
+                ),
+            ],
+        );
     }
     Ok(report)
 }

@@ -138,3 +138,39 @@ async fn a_retry_after_a_failed_unit_starts_from_a_clean_transaction(backend: Ba
     assert_eq!(credits.len(), 1);
 }
 on_backends!(a_retry_after_a_failed_unit_starts_from_a_clean_transaction: sqlite, postgres);
+
+/// `Outbox::enqueue_all` records a batch larger than one multi-row insert in
+/// the order given, and nothing of it when the transaction rolls back.
+async fn a_batch_of_events_commits_in_order_or_not_at_all(backend: Backend) {
+    use sea_orm::{QueryOrder, TransactionTrait};
+    use service::{NewEvent, Outbox};
+    let t = TestDb::new(backend).await;
+    let n = service::outbox::ROWS_PER_INSERT + 500;
+    let events = |prefix: &str| {
+        (0..n)
+            .map(|i| {
+                NewEvent::new("credits.applied", i.to_string())
+                    .with_message_id(format!("{prefix}-{i}"))
+            })
+            .collect::<Vec<_>>()
+    };
+    let txn = t.db.begin().await.unwrap();
+    Outbox::enqueue_all(&txn, events("dropped")).await.unwrap();
+    txn.rollback().await.unwrap();
+    assert_eq!(t.count(OutboxMessage).await, 0);
+
+    let txn = t.db.begin().await.unwrap();
+    Outbox::enqueue_all(&txn, events("kept")).await.unwrap();
+    txn.commit().await.unwrap();
+    let payloads: Vec<Vec<u8>> = OutboxMessage::find()
+        .order_by_asc(entity::outbox_message::Column::Id)
+        .all(&t.db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.payload)
+        .collect();
+    let expected: Vec<Vec<u8>> = (0..n).map(|i| i.to_string().into_bytes()).collect();
+    assert_eq!(payloads, expected);
+}
+on_backends!(a_batch_of_events_commits_in_order_or_not_at_all: sqlite, postgres, mysql);
