@@ -14,7 +14,6 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use migration::{Migrator, MigratorTrait};
 use tracing_subscriber::EnvFilter;
 
 /// Exactly-once effects over at-least-once messaging.
@@ -88,9 +87,7 @@ async fn run() -> Result<()> {
     match cli.command {
         Command::Migrate => {
             let db = connect(&settings.database_url, settings.db_max_connections).await?;
-            Migrator::up(&db, None)
-                .await
-                .context("applying migrations")?;
+            migration::apply(&db).await.context("applying migrations")?;
             println!("migrations applied to {}", redact(&settings.database_url));
         }
         Command::Demo => {
@@ -98,9 +95,7 @@ async fn run() -> Result<()> {
                 .database_url_explicit
                 .then_some(settings.database_url.as_str());
             let (db, _dir) = demo::open(url).await?;
-            Migrator::up(&db, None)
-                .await
-                .context("applying migrations")?;
+            migration::apply(&db).await.context("applying migrations")?;
             demo::run(db).await?;
         }
         Command::Run | Command::Relay | Command::Consume | Command::Api => {
@@ -157,9 +152,7 @@ async fn run() -> Result<()> {
         }
         Command::Load(args) => {
             let db = connect(&settings.database_url, settings.db_max_connections).await?;
-            Migrator::up(&db, None)
-                .await
-                .context("applying migrations")?;
+            migration::apply(&db).await.context("applying migrations")?;
             let summary = load::run(db, &args).await?;
             println!("{}", serde_json::to_string(&summary)?);
             if summary.errors > 0 {

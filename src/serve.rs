@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use async_nats::jetstream;
-use migration::{Migrator, MigratorTrait};
 use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -108,9 +107,7 @@ pub async fn serve(
     if roles.api {
         api::check_exposure(settings.api_addr, settings.admin_token.as_deref())?;
     }
-    Migrator::up(&db, None)
-        .await
-        .context("applying migrations")?;
+    migration::apply(&db).await.context("applying migrations")?;
     let workers = roles.relay || roles.consume;
     // The workers cannot start without NATS; the API alone can, and reports
     // NATS as not ready until it connects.

@@ -7,10 +7,14 @@
 //! backend.
 //!
 //! # Layout
+//! - [`apply`]: what start-up calls: pending migrations, one process at a time.
 //! - [`Migrator`]: the ordered list of migrations; `Migrator::up` is idempotent.
 //! - `columns`: backend-aware column shapes shared by the migrations.
 
 pub use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::{
+    DatabaseConnection, DbBackend, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
 
 mod columns;
 mod m20261130_000001_create_inbox_message;
@@ -21,6 +25,46 @@ mod m20261130_000005_create_outbox_notify_trigger;
 mod m20261130_000006_add_inbox_claim_message;
 mod m20261130_000007_create_admin_indexes;
 mod m20261130_000008_partial_outbox_indexes;
+
+/// Applies the pending migrations, one process at a time.
+///
+/// Several instances started together against a fresh database would
+/// otherwise all create the same tables and record the same migrations, and
+/// all but one would fail. On PostgreSQL the whole run happens in one
+/// transaction behind a transaction-scoped advisory lock (DDL is
+/// transactional there, so a failed run also leaves nothing half-done); on
+/// SQLite in one `BEGIN IMMEDIATE` transaction, which holds the database's
+/// write lock. MySQL commits DDL implicitly, so there the migrations run as
+/// they are.
+///
+/// # Errors
+/// The first failing statement's error.
+pub async fn apply(db: &DatabaseConnection) -> Result<(), DbErr> {
+    match db.get_database_backend() {
+        DbBackend::Postgres => {
+            let txn = db.begin().await?;
+            txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
+                .await?;
+            Migrator::up(&txn, None).await?;
+            txn.commit().await
+        }
+        DbBackend::Sqlite => {
+            let txn = db
+                .begin_with_options(TransactionOptions {
+                    isolation_level: None,
+                    access_mode: None,
+                    sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                })
+                .await?;
+            Migrator::up(&txn, None).await?;
+            txn.commit().await
+        }
+        _ => Migrator::up(db, None).await,
+    }
+}
+
+/// Key of the PostgreSQL advisory lock [`apply`] holds ("seawall" in hex-ish).
+const MIGRATION_LOCK: i64 = 0x5EA_3A11;
 
 /// Applies seawall's migrations in order. Already applied ones are skipped,
 /// so running it at every start-up is safe.

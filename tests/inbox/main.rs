@@ -8,6 +8,7 @@ mod bad_input;
 mod config;
 mod constraints;
 mod load;
+mod migrate;
 mod overlap;
 mod races;
 mod retry;

@@ -42,6 +42,13 @@ fn server_url(var: &str) -> String {
 impl TestDb {
     /// Creates an empty database on `backend` and applies the migrations.
     pub async fn new(backend: Backend) -> Self {
+        let t = Self::empty(backend).await;
+        Migrator::up(&t.db, None).await.expect("migrations apply");
+        t
+    }
+
+    /// Creates an empty database on `backend`, without any table.
+    pub async fn empty(backend: Backend) -> Self {
         let name = format!("t_{}", uuid::Uuid::new_v4().simple());
         let (url, dir) = match backend {
             Backend::Sqlite => {
@@ -61,7 +68,6 @@ impl TestDb {
             }
         };
         let db = connect(&url, 20).await;
-        Migrator::up(&db, None).await.expect("migrations apply");
         Self {
             backend,
             url,
