@@ -35,8 +35,10 @@ with sync_playwright() as p:
     page.wait_for_function("document.body.dataset.loaded !== undefined", timeout=15000)
     # Auto-refresh off, so the numbers compared below are from one moment.
     page.uncheck("#auto-refresh")
-    page.click("#save-token")
+    # Read the refresh count before asking for a refresh: read after the
+    # click, a refresh that finished first would leave nothing to wait for.
     before = page.evaluate("document.body.dataset.loaded")
+    page.click("#save-token")
     page.wait_for_function(f"document.body.dataset.loaded !== '{before}'", timeout=15000)
     stats = api("/stats")
     shown = {
