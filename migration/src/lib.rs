@@ -51,9 +51,8 @@ pub async fn apply(db: &DatabaseConnection) -> Result<(), DbErr> {
         DbBackend::Sqlite => {
             let txn = db
                 .begin_with_options(TransactionOptions {
-                    isolation_level: None,
-                    access_mode: None,
                     sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                    ..TransactionOptions::default()
                 })
                 .await?;
             Migrator::up(&txn, None).await?;

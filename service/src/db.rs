@@ -3,7 +3,18 @@
 use std::time::Duration;
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
-use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
+use sea_orm::{
+    ConnectOptions, Database, DatabaseConnection, DbErr, SqliteTransactionMode, TransactionOptions,
+};
+
+/// Transaction options that take SQLite's write lock at `BEGIN` (waiting on
+/// the busy timeout) instead of failing later on a read-to-write upgrade;
+/// other backends ignore them.
+pub const BEGIN_IMMEDIATE: TransactionOptions = TransactionOptions {
+    isolation_level: None,
+    access_mode: None,
+    sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+};
 
 /// How long a SQLite writer waits for another's lock before `SQLITE_BUSY`.
 pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -97,15 +97,10 @@ impl Executor {
     /// `IMMEDIATE`, so the write lock is taken (waiting on the busy timeout) at
     /// `BEGIN` instead of failing later on a read-to-write upgrade.
     pub fn new(db: DatabaseConnection) -> Self {
-        let options = TransactionOptions {
-            isolation_level: None,
-            access_mode: None,
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-        };
         Self {
             db,
             policy: RetryPolicy::default(),
-            options,
+            options: crate::db::BEGIN_IMMEDIATE,
             committed: None,
         }
     }

@@ -73,6 +73,13 @@ impl CpuSample {
     }
 }
 
+/// "total (part+part+…)" with `decimals` digits, as the report tables show
+/// CPU per 1,000 messages and its split between processes.
+pub fn breakdown(total: f64, parts: &[f64], decimals: usize) -> String {
+    let parts: Vec<String> = parts.iter().map(|p| format!("{p:.decimals$}")).collect();
+    format!("{total:.decimals$} ({})", parts.join("+"))
+}
+
 /// The command name and user + system CPU time from a `/proc/<pid>/stat` line.
 fn parse_stat(stat: &str) -> Option<(&str, Duration)> {
     // "pid (comm) state ppid ..."; comm may hold spaces and parentheses.
@@ -98,6 +105,15 @@ mod tests {
         let (comm, time) = parse_stat(line).expect("parsed");
         assert_eq!(comm, "nats server");
         assert_eq!(time, Duration::from_millis(3000));
+    }
+
+    #[test]
+    fn a_breakdown_lists_the_parts_after_the_total() {
+        assert_eq!(
+            breakdown(45.44, &[9.3, 26.5, 9.64], 1),
+            "45.4 (9.3+26.5+9.6)"
+        );
+        assert_eq!(breakdown(619.4, &[197.0, 422.4], 0), "619 (197+422)");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use service::credits::{
 use service::{ConsumerName, Executor, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig, Relay, RelayConfig};
 
-use super::cpu::CpuSample;
+use super::cpu::{self, CpuSample};
 use super::report::Report;
 
 /// Messages sent through before measuring (then `ANALYZE` on PostgreSQL).
@@ -171,7 +171,7 @@ pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
                 ("messages/s end to end", format!("{rate:.0}")),
                 (
                     "CPU ms/1k msgs (seawall+PG+NATS)",
-                    format!("{total:.0} ({this:.0}+{pg:.0}+{nats:.0})"),
+                    cpu::breakdown(total, &[this, pg, nats], 0),
                 ),
             ],
         );

@@ -18,7 +18,7 @@ use service::credits::{CreditHandler, CreditRequest, REQUESTED_SUBJECT, add_to_b
 use service::executor::unit;
 use service::{ConsumerName, Envelope, Executor, FastPath, HandlerError, Inbox, MessageId};
 
-use super::cpu::CpuSample;
+use super::cpu::{self, CpuSample};
 use super::report::Report;
 
 const ACCOUNTS: u64 = 1_000;
@@ -60,7 +60,7 @@ impl Measured {
     fn cpu_cell(&self, backend: &str) -> String {
         let [this, pg, _, total] = self.cpu;
         if backend == "PostgreSQL" {
-            format!("{total:.0} ({this:.0}+{pg:.0})")
+            cpu::breakdown(total, &[this, pg], 0)
         } else {
             format!("{this:.0}")
         }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use worker::{Relay, RelayConfig, StreamSpec};
 
-use super::cpu::CpuSample;
+use super::cpu::{self, CpuSample};
 use super::report::Report;
 
 /// Publishes in flight at once in the baseline (the client's default limit).
@@ -70,9 +70,9 @@ async fn plain_publisher(
 /// "total (this + PostgreSQL + NATS)" in ms of CPU per 1,000 messages.
 fn cpu_cell([this, pg, nats, total]: [f64; 4]) -> String {
     if pg > 0.0 {
-        format!("{total:.1} ({this:.1}+{pg:.1}+{nats:.1})")
+        cpu::breakdown(total, &[this, pg, nats], 1)
     } else {
-        format!("{total:.1} ({this:.1}+{nats:.1})")
+        cpu::breakdown(total, &[this, nats], 1)
     }
 }
 

@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use entity::prelude::*;
 
-use crate::helpers::{applied_events_once_each, credits_stream, drain, env, publish_credits, req};
+use crate::helpers::{
+    applied_events_once_each, credits_stream, drain, env, publish_credits, req, with_credits_stream,
+};
 use crate::on_backends;
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
@@ -14,12 +16,7 @@ const MESSAGES: usize = 1_000;
 
 /// Test 1: 1,000 requests -> 1,000 credits -> 1,000 events, each id once.
 async fn a_thousand_requests_become_a_thousand_credits_and_events(backend: Backend) {
-    let t = TestDb::new(backend).await;
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
-        .await
-        .unwrap();
+    let (t, nats, js) = with_credits_stream(backend).await;
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
     let msgs: Vec<_> = (0..MESSAGES)
         .map(|i| (format!("e2e-{i}"), req(&format!("acct-{}", i % 10), 100)))
@@ -89,12 +86,7 @@ async fn relay_and_consumer_survive_a_nats_restart() {
 /// and the relay onto the event it caused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_trace_context_travels_from_request_to_event() {
-    let t = TestDb::new(Backend::Sqlite).await;
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
-        .await
-        .unwrap();
+    let (t, nats, js) = with_credits_stream(Backend::Sqlite).await;
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let payload = serde_json::to_vec(&req("acct", 5)).unwrap();

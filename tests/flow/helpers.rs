@@ -9,6 +9,9 @@ use sea_orm::{DatabaseConnection, EntityTrait, PaginatorTrait};
 use service::credits::{APPLIED_SUBJECT, CREDITS_STREAM, CreditRequest, REQUESTED_SUBJECT};
 use worker::StreamSpec;
 
+use crate::support::nats::NatsServer;
+use crate::support::{Backend, TestDb};
+
 /// The demo stream with a given duplicate window.
 pub fn credits_stream(window: Duration) -> StreamSpec {
     StreamSpec {
@@ -18,6 +21,18 @@ pub fn credits_stream(window: Duration) -> StreamSpec {
         max_age: Duration::from_secs(3600),
         replicas: 1,
     }
+}
+
+/// What most flow tests start from: a fresh database on `backend`, a fresh
+/// nats-server, and the CREDITS stream with a two-minute duplicate window.
+pub async fn with_credits_stream(backend: Backend) -> (TestDb, NatsServer, jetstream::Context) {
+    let t = TestDb::new(backend).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    (t, nats, js)
 }
 
 /// Environment for a `seawall` process.

@@ -15,8 +15,7 @@ use service::inbox::handler;
 use service::{ConsumerName, Executor, HandlerError, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig};
 
-use crate::helpers::{credits_stream, publish_credits, publish_raw, req, wait_for_rows};
-use crate::support::nats::NatsServer;
+use crate::helpers::{publish_credits, publish_raw, req, wait_for_rows, with_credits_stream};
 use crate::support::{Backend, TestDb, wait_until};
 
 async fn start_consumers(
@@ -51,12 +50,7 @@ async fn start_consumers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() {
-    let t = TestDb::new(Backend::Sqlite).await;
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
-        .await
-        .unwrap();
+    let (t, _nats, js) = with_credits_stream(Backend::Sqlite).await;
     let always_fails = handler(|_txn, _env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async {
             Err(HandlerError::Failed(
@@ -154,12 +148,7 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_consumers_of_one_subject_each_apply_a_message_once() {
-    let t = TestDb::new(Backend::Postgres).await;
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
-        .await
-        .unwrap();
+    let (t, _nats, js) = with_credits_stream(Backend::Postgres).await;
     let registry = Registry::new()
         .register(
             ConsumerName::parse(CREDIT_CONSUMER).unwrap(),

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use entity::prelude::*;
 
-use crate::helpers::{applied_events_once_each, credits_stream, drain, env, publish_credits, req};
+use crate::helpers::{
+    applied_events_once_each, credits_stream, drain, env, publish_credits, req, with_credits_stream,
+};
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb};
@@ -14,12 +16,7 @@ use crate::support::{Backend, TestDb};
 /// redelivers each message to the other process while the first still works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
-    let t = TestDb::new(Backend::Postgres).await;
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
-        .await
-        .unwrap();
+    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
     let slow = [
         ("SEAWALL_DEMO_WORK_MS", "1500"),
         ("SEAWALL_ACK_WAIT_MS", "400"),

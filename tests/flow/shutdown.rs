@@ -4,22 +4,16 @@ use std::time::Duration;
 
 use entity::prelude::*;
 
-use crate::helpers::{credits_stream, env, publish_credits, req};
-use crate::support::nats::NatsServer;
+use crate::helpers::{env, publish_credits, req, with_credits_stream};
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb, wait_until};
+use crate::support::{Backend, wait_until};
 
 /// On SIGTERM the consumer stops fetching, finishes and acks what it holds and
 /// exits 0: afterwards every committed message is acknowledged and every
 /// acknowledged message is committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_finishes_and_acks_messages_in_flight() {
-    let t = TestDb::new(Backend::Postgres).await;
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
-        .await
-        .unwrap();
+    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
     let cfg = [
         ("SEAWALL_DEMO_WORK_MS", "300"),
         ("SEAWALL_CONSUMER_CONCURRENCY", "4"),

@@ -17,8 +17,7 @@ use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType};
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
-    DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, SqliteTransactionMode,
-    TransactionOptions, TransactionTrait,
+    DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, TransactionTrait,
 };
 
 use entity::outbox_message::{self, Column};
@@ -85,13 +84,7 @@ pub(crate) async fn claim(
 ) -> Result<Vec<outbox_message::Model>, DbErr> {
     let now = Utc::now();
     let backend = db.get_database_backend();
-    let txn = db
-        .begin_with_options(TransactionOptions {
-            isolation_level: None,
-            access_mode: None,
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-        })
-        .await?;
+    let txn = db.begin_with_options(service::db::BEGIN_IMMEDIATE).await?;
     let mut query = publishable(now, limit)
         .select_only()
         .column(Column::Id)
