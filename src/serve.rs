@@ -155,6 +155,7 @@ pub async fn serve(
             ack_wait: Duration::from_millis(settings.ack_wait_ms),
             max_deliver: settings.max_deliver,
             concurrency: settings.consumer_concurrency,
+            max_handling: Duration::from_millis(settings.max_handling_ms),
             ..ConsumerConfig::default()
         };
         let sweep = SweepPolicy {

@@ -34,7 +34,9 @@ pub struct ClaimPolicy {
     pub lease: Duration,
     /// Claims taken this many times without completion are quarantined.
     pub max_attempts: i32,
-    /// Who claims (recorded in `claimed_by`).
+    /// Who claims (recorded in `claimed_by`). Unique per process: in
+    /// containers every process is pid 1, so the pid alone would let two
+    /// instances mistake each other's claims for their own.
     pub instance: String,
 }
 
@@ -43,9 +45,20 @@ impl Default for ClaimPolicy {
         Self {
             lease: Duration::from_secs(30),
             max_attempts: 5,
-            instance: format!("claim-{}", std::process::id()),
+            instance: instance_name(),
         }
     }
+}
+
+/// This process's claim owner name: the pid for people reading
+/// `claimed_by`, and a random suffix drawn once per process for uniqueness.
+fn instance_name() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        format!("claim-{}-{}", std::process::id(), &suffix[..12])
+    })
+    .clone()
 }
 
 /// Claiming failed.
@@ -74,6 +87,13 @@ pub enum ClaimError {
         /// The consumer.
         consumer: String,
     },
+}
+
+impl ClaimError {
+    /// True when the database was unreachable (see [`crate::classify::is_outage`]).
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Self::Database { source, .. } if crate::classify::is_outage(source))
+    }
 }
 
 /// What [`claim`] found.

@@ -72,6 +72,24 @@ pub fn classify(err: &DbErr) -> Failure {
     classify_shape(&shape_of(err))
 }
 
+/// True when `err` says the database itself is unreachable or changing hands
+/// (connection refused or lost, the server shutting down, a standby that
+/// answers read-only during a failover), as opposed to a failure of the unit
+/// that ran. A consumer waits such an outage out instead of spending the
+/// message's deliveries on it.
+pub fn is_outage(err: &DbErr) -> bool {
+    matches!(
+        classify(err),
+        Failure::Transient {
+            reason: OUTAGE_CONNECTION | OUTAGE_RESTART | OUTAGE_READ_ONLY
+        }
+    )
+}
+
+const OUTAGE_CONNECTION: &str = "connection";
+const OUTAGE_RESTART: &str = "server_restart";
+const OUTAGE_READ_ONLY: &str = "read_only";
+
 /// Extracts the backend-neutral facts from a SeaORM error.
 pub fn shape_of(err: &DbErr) -> ErrorShape {
     let runtime = match err {
@@ -125,7 +143,7 @@ fn database_shape(db: &dyn sqlx::error::DatabaseError) -> ErrorShape {
 pub fn classify_shape(shape: &ErrorShape) -> Failure {
     match shape {
         ErrorShape::ConnectionLost(_) => Failure::Transient {
-            reason: "connection",
+            reason: OUTAGE_CONNECTION,
         },
         ErrorShape::Other(_) => Failure::Permanent,
         ErrorShape::Database {
@@ -162,10 +180,16 @@ fn classify_postgres(code: Option<&str>, constraint: Option<&str>) -> Failure {
         },
         // Class 08: connection exceptions; 57P01..03: server shutting down or restarting.
         Some(c) if c.starts_with("08") => Failure::Transient {
-            reason: "connection",
+            reason: OUTAGE_CONNECTION,
         },
         Some("57P01" | "57P02" | "57P03") => Failure::Transient {
-            reason: "server_restart",
+            reason: OUTAGE_RESTART,
+        },
+        // A write reached a standby: the primary is failing over (or a proxy
+        // still routes to the old one). Re-running on a new connection finds
+        // the new primary.
+        Some("25006") => Failure::Transient {
+            reason: OUTAGE_READ_ONLY,
         },
         _ => Failure::Permanent,
     }
@@ -220,7 +244,7 @@ fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
             reason: "lock_wait_timeout",
         },
         Some(2006 | 2013) => Failure::Transient {
-            reason: "connection",
+            reason: OUTAGE_CONNECTION,
         },
         _ => Failure::Permanent,
     }
@@ -331,5 +355,16 @@ mod tests {
         }
         let check = db(Engine::Postgres, "23514", None, None, "check");
         assert_eq!(classify_shape(&check), Failure::Permanent);
+    }
+
+    #[test]
+    fn a_standby_refusing_writes_is_an_outage_not_a_message_failure() {
+        let read_only = db(Engine::Postgres, "25006", None, None, "read-only");
+        assert_eq!(
+            classify_shape(&read_only),
+            Failure::Transient {
+                reason: OUTAGE_READ_ONLY
+            }
+        );
     }
 }

@@ -96,7 +96,7 @@ pub async fn apply_credit(
     message_id: &MessageId,
     req: &CreditRequest,
     traceparent: Option<&str>,
-) -> Result<CreditApplied, DbErr> {
+) -> Result<CreditApplied, HandlerError> {
     let now = Utc::now();
     credit::Entity::insert(credit::ActiveModel {
         id: NotSet,

@@ -96,4 +96,10 @@ impl InboxError {
     pub fn is_permanent(&self) -> bool {
         matches!(self, Self::Rejected { .. } | Self::Constraint { .. })
     }
+
+    /// True when the database was unreachable (see [`crate::classify::is_outage`]):
+    /// the message is not at fault, so its deliveries should not be spent.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Self::Database { source, .. } if crate::classify::is_outage(source))
+    }
 }

@@ -37,7 +37,7 @@ pub mod sweep;
 
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError};
-pub use executor::{Executor, RetryPolicy, Unit};
+pub use executor::{Executor, RetryPolicy, Unit, panic_message};
 pub use inbox::{FastPath, Handle, Inbox, Outcome};
-pub use outbox::{NewEvent, Outbox};
+pub use outbox::{EventError, NewEvent, Outbox, OutboxError};
 pub use registry::{Effect, HandlerKind, Registration, Registry};

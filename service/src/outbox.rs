@@ -60,6 +60,87 @@ impl NewEvent {
         self.ordering_key = Some(key.into());
         self
     }
+
+    /// Checks that the event can travel as a NATS message: its id and header
+    /// values on one line, its header names free of spaces and `:`. Checked
+    /// when the event is enqueued, so a bad one fails the handler that wrote
+    /// it instead of reaching the relay.
+    ///
+    /// # Errors
+    /// [`EventError`] naming the offending part.
+    pub fn validate(&self) -> Result<(), EventError> {
+        check_message_id(&self.message_id)?;
+        for (name, value) in &self.headers {
+            check_header(name, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why an event cannot be published as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventError {
+    /// The message id is empty or spans lines.
+    #[error("message id {0:?} must be non-empty and free of CR/LF")]
+    MessageId(String),
+    /// A header name is empty or holds a space, `:`, a control character or
+    /// non-ASCII.
+    #[error("header name {0:?} must be non-empty printable ASCII without ':'")]
+    HeaderName(String),
+    /// A header value spans lines.
+    #[error("header {0:?} has a value with CR/LF")]
+    HeaderValue(String),
+}
+
+/// Checks an id for `Nats-Msg-Id` (the relay checks rows with it too, since
+/// rows can be written by hand).
+///
+/// # Errors
+/// [`EventError::MessageId`].
+pub fn check_message_id(id: &str) -> Result<(), EventError> {
+    if id.is_empty() || id.contains(['\r', '\n']) {
+        return Err(EventError::MessageId(id.to_owned()));
+    }
+    Ok(())
+}
+
+/// Checks one header as NATS accepts it.
+///
+/// # Errors
+/// [`EventError::HeaderName`] or [`EventError::HeaderValue`].
+pub fn check_header(name: &str, value: &str) -> Result<(), EventError> {
+    if name.is_empty() || name.contains(|c: char| !c.is_ascii_graphic() || c == ':') {
+        return Err(EventError::HeaderName(name.to_owned()));
+    }
+    if value.contains(['\r', '\n']) {
+        return Err(EventError::HeaderValue(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// Recording an event failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// The event cannot be published as written; nothing was recorded.
+    #[error("invalid outbox event: {0}")]
+    Invalid(#[from] EventError),
+    /// The insert failed (a reused message id violates
+    /// `ix_outbox_message_message_id`).
+    #[error(transparent)]
+    Database(#[from] DbErr),
+}
+
+/// Lets handlers use `?` on [`Outbox::enqueue`]. An invalid event is a
+/// rejection: running the same handler again writes the same event.
+impl From<OutboxError> for crate::HandlerError {
+    fn from(err: OutboxError) -> Self {
+        match err {
+            OutboxError::Invalid(invalid) => Self::Rejected(invalid.to_string()),
+            OutboxError::Database(db) => Self::Database(db),
+        }
+    }
 }
 
 /// Writes outbox rows. It takes a `&DatabaseTransaction`, not a connection, so
@@ -71,9 +152,9 @@ impl Outbox {
     /// commits, and never if it rolls back.
     ///
     /// # Errors
-    /// The insert's database error (a reused message id violates
-    /// `ix_outbox_message_message_id`).
-    pub async fn enqueue(txn: &DatabaseTransaction, event: NewEvent) -> Result<(), DbErr> {
+    /// [`OutboxError::Invalid`] for an event NATS cannot carry (nothing is
+    /// written), or the insert's database error.
+    pub async fn enqueue(txn: &DatabaseTransaction, event: NewEvent) -> Result<(), OutboxError> {
         outbox_message::Entity::insert(row(event, Utc::now())?)
             .exec_without_returning(txn)
             .await?;
@@ -90,7 +171,7 @@ impl Outbox {
     pub async fn enqueue_all(
         txn: &DatabaseTransaction,
         events: impl IntoIterator<Item = NewEvent>,
-    ) -> Result<(), DbErr> {
+    ) -> Result<(), OutboxError> {
         let now = Utc::now();
         let rows = events
             .into_iter()
@@ -110,7 +191,8 @@ impl Outbox {
 pub const ROWS_PER_INSERT: usize = 1_000;
 
 /// The pending outbox row for `event`, publishable from `now`.
-fn row(event: NewEvent, now: DateTime<Utc>) -> Result<outbox_message::ActiveModel, DbErr> {
+fn row(event: NewEvent, now: DateTime<Utc>) -> Result<outbox_message::ActiveModel, OutboxError> {
+    event.validate()?;
     let headers = serde_json::to_value(&event.headers).map_err(|e| DbErr::Json(e.to_string()))?;
     Ok(outbox_message::ActiveModel {
         id: NotSet,

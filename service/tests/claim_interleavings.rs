@@ -101,13 +101,19 @@ fn apply(row: &mut Row, actor: &mut Actor, step: Step, winners: &mut Vec<(u8, u3
     }
 }
 
+/// Who recorded the effect: (actor, the claim attempt it held), in order.
+type Winners = [(u8, u32)];
+
+/// A check run on each finished schedule, besides the invariants.
+type Check<'a> = &'a dyn Fn(&Row, &Winners);
+
 /// Runs every interleaving of `actors` from `row`, checking the invariants at the end of each.
 fn explore(
     row: Row,
     actors: Vec<Actor>,
     winners: Vec<(u8, u32)>,
     schedules: &mut u64,
-    extra: &dyn Fn(&Row, &[(u8, u32)]),
+    extra: Check<'_>,
 ) {
     let mut progressed = false;
     for i in 0..actors.len() {

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod deliveries;
 mod e2e;
 mod helpers;
 mod poison;

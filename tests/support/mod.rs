@@ -166,4 +166,5 @@ pub fn backend_named(name: &str) -> Backend {
 
 pub mod nats;
 pub mod process;
+pub mod proxy;
 pub mod webhook;

@@ -1,8 +1,10 @@
 //! The claim path: side effects outside the transaction (DESIGN rule 8).
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures::FutureExt;
 
 use service::claim::{ClaimError, ClaimOutcome, ClaimPolicy, claim};
 use service::{Effect, Envelope, HandlerError};
@@ -47,10 +49,16 @@ pub(super) async fn apply(
             );
             return Verdict::Nak(wait.max(Duration::from_millis(50)));
         }
+        Err(err) if err.is_outage() => return Verdict::Outage(err.to_string()),
         Err(err) => return consumer.retry_or_give_up(&err.to_string(), delivered),
     };
     fault(FAULT_AFTER_CLAIM);
-    match effect.perform(envelope, guard.idempotency_key()).await {
+    // A panicking effect is a failed attempt of this claim, not a lost task.
+    let performed = AssertUnwindSafe(effect.perform(envelope, guard.idempotency_key()))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(HandlerError::Panicked(service::panic_message(&*panic))));
+    match performed {
         Ok(result) => {
             fault(FAULT_AFTER_EFFECT);
             match guard.complete(result).await {
@@ -60,6 +68,7 @@ pub(super) async fn apply(
                     consumer.count("processed");
                     Verdict::Ack
                 }
+                Err(err) if err.is_outage() => Verdict::Outage(err.to_string()),
                 Err(err) => consumer.retry_or_give_up(&err.to_string(), delivered),
             }
         }

@@ -6,8 +6,16 @@
 //! constraint) or whose last allowed delivery failed is written to
 //! `dead_letter` with the reason and then terminated. If that row cannot be
 //! written, the message is nak'ed instead: nothing is dropped without a row.
+//!
+//! The give-up point is the application's alone: the durable consumer lets
+//! JetStream redeliver without limit, so a delivery that never settles (the
+//! process killed on the last one, a handler outliving the ack wait) comes
+//! back and is counted here. A database outage is not the message's fault:
+//! the consumer pauses as a whole (see `outage`) and the deliveries it holds
+//! are kept with in-progress acks, not nak'ed.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +30,15 @@ use service::dead_letter::DeadLetter;
 use service::{Envelope, HandlerKind, Inbox, Registration};
 
 mod effect;
+mod outage;
+
+use outage::Outage;
+
+/// Deliveries beyond the give-up point after which a message that never
+/// reached an outcome (each delivery ended by a crash, not by a failure the
+/// handler reported) is dead-lettered without running it again: a message
+/// that kills its process must not loop forever.
+pub const CRASH_ALLOWANCE: i64 = 10;
 
 /// Consumer settings shared by a worker's consumers.
 #[derive(Debug, Clone)]
@@ -30,7 +47,8 @@ pub struct ConsumerConfig {
     pub stream: String,
     /// How long JetStream waits for an ack before redelivering.
     pub ack_wait: Duration,
-    /// Deliveries before a failing message is dead-lettered.
+    /// Deliveries before a failing message is dead-lettered: the
+    /// application's give-up point (JetStream's own limit stays off).
     pub max_deliver: i64,
     /// Messages handled at once per consumer in this process.
     pub concurrency: usize,
@@ -38,6 +56,9 @@ pub struct ConsumerConfig {
     pub nak_base: Duration,
     /// Longest nak delay.
     pub nak_max: Duration,
+    /// Longest time one delivery may be handled while in-progress acks keep
+    /// it from being redelivered; after it the delivery counts as failed.
+    pub max_handling: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -49,6 +70,7 @@ impl Default for ConsumerConfig {
             concurrency: 16,
             nak_base: Duration::from_millis(100),
             nak_max: Duration::from_secs(30),
+            max_handling: Duration::from_secs(300),
         }
     }
 }
@@ -76,6 +98,7 @@ pub struct Consumer {
     js: jetstream::Context,
     registration: Registration,
     config: ConsumerConfig,
+    outage: Arc<Outage>,
 }
 
 impl Consumer {
@@ -91,6 +114,7 @@ impl Consumer {
             js,
             registration,
             config,
+            outage: Arc::default(),
         }
     }
 
@@ -103,7 +127,10 @@ impl Consumer {
     }
 
     /// Creates or updates the durable pull consumer (shared by every process
-    /// running this consumer).
+    /// running this consumer). JetStream's own delivery limit is off
+    /// (`max_deliver = -1`), also on a consumer an earlier version created
+    /// with a limit: a delivery the process never settled must come back, so
+    /// the application can decide from the delivery count.
     ///
     /// # Errors
     /// [`ConsumerError::Setup`].
@@ -122,7 +149,7 @@ impl Consumer {
                 filter_subject: self.registration.subject.clone(),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: self.config.ack_wait,
-                max_deliver: self.config.max_deliver,
+                max_deliver: -1,
                 max_ack_pending: i64::try_from(self.config.concurrency * 64).unwrap_or(10_000),
                 ..Default::default()
             })
@@ -157,6 +184,12 @@ impl Consumer {
                 }
             };
             loop {
+                // While the database is down, stop pulling: messages would
+                // only wait in this process's buffer with their ack wait running.
+                tokio::select! {
+                    () = cancel.cancelled() => break 'outer,
+                    () = self.outage.wait(None, self.progress_period()) => {}
+                }
                 let permit = tokio::select! {
                     () = cancel.cancelled() => break 'outer,
                     p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
@@ -178,15 +211,21 @@ impl Consumer {
                     }
                     None => break,
                 }
-                while inflight.try_join_next().is_some() {}
+                while let Some(done) = inflight.try_join_next() {
+                    log_task_failure(done);
+                }
             }
         }
-        while inflight.join_next().await.is_some() {}
+        while let Some(done) = inflight.join_next().await {
+            log_task_failure(done);
+        }
         tracing::info!(consumer = %self.registration.consumer, "consumer stopped");
         Ok(())
     }
 
-    /// Handles one delivered message to its ack, nak or term.
+    /// Handles one delivered message to its ack, nak or term. During a
+    /// database outage the delivery is held (in-progress acks) and handled
+    /// again once the database answers, without a new delivery.
     pub async fn handle(&self, msg: jetstream::Message) {
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         let headers = headers_of(&msg);
@@ -199,34 +238,102 @@ impl Consumer {
             traceparent = headers.get("traceparent").map(String::as_str).unwrap_or(""),
         );
         async {
-            let verdict = match Envelope::from_delivery(
+            let envelope = Envelope::from_delivery(
                 msg.subject.to_string(),
                 headers.clone(),
                 msg.payload.to_vec(),
-            ) {
-                Ok(envelope) => {
-                    let envelope = envelope.redelivered(delivered > 1);
-                    tracing::Span::current().record("message_id", envelope.message_id.as_str());
-                    let verdict = match &self.registration.kind {
-                        HandlerKind::Transaction(handler) => {
-                            self.apply(&envelope, handler.as_ref(), delivered).await
-                        }
-                        HandlerKind::Effect(effect, policy) => {
-                            effect::apply(self, &envelope, effect.as_ref(), policy, delivered).await
-                        }
-                    };
-                    (verdict, Some(envelope.message_id.to_string()))
+            )
+            .map(|envelope| envelope.redelivered(delivered > 1));
+            let message_id = envelope.as_ref().ok().map(|e| e.message_id.to_string());
+            if let Some(id) = &message_id {
+                tracing::Span::current().record("message_id", id.as_str());
+            }
+            loop {
+                self.outage.wait(Some(&msg), self.progress_period()).await;
+                let verdict = match &envelope {
+                    Ok(envelope) => self.decide(&msg, envelope, delivered).await,
+                    Err(err) => Verdict::DeadLetter(format!("unusable message: {err}")),
+                };
+                let settled = self
+                    .settle(&msg, verdict, message_id.as_deref(), &headers, delivered)
+                    .await;
+                if settled.is_ok() {
+                    break;
                 }
-                Err(err) => (
-                    Verdict::DeadLetter(format!("unusable message: {err}")),
-                    None,
-                ),
-            };
-            self.settle(&msg, verdict.0, verdict.1.as_deref(), &headers, delivered)
-                .await;
+                self.pause();
+            }
         }
         .instrument(span)
         .await;
+    }
+
+    /// Runs the registered path for one delivery, with in-progress acks while
+    /// it runs and [`ConsumerConfig::max_handling`] as its limit.
+    async fn decide(
+        &self,
+        msg: &jetstream::Message,
+        envelope: &Envelope,
+        delivered: i64,
+    ) -> Verdict {
+        if delivered > self.max_deliver() + CRASH_ALLOWANCE {
+            return Verdict::DeadLetter(format!(
+                "delivered {delivered} times without an outcome: handling it may be crashing the process"
+            ));
+        }
+        let handling = async {
+            match &self.registration.kind {
+                HandlerKind::Transaction(handler) => {
+                    self.apply(envelope, handler.as_ref(), delivered).await
+                }
+                HandlerKind::Effect(effect, policy) => {
+                    effect::apply(self, envelope, effect.as_ref(), policy, delivered).await
+                }
+            }
+        };
+        match self.keep_alive(msg, handling).await {
+            Some(verdict) => verdict,
+            None => {
+                self.count("failed");
+                self.retry_or_give_up(
+                    &format!(
+                        "handling took longer than {:?} (max handling time)",
+                        self.config.max_handling
+                    ),
+                    delivered,
+                )
+            }
+        }
+    }
+
+    /// Drives `work` to its end while telling JetStream every half ack wait
+    /// that the delivery is still being worked on, so a long handler is not
+    /// redelivered to race itself. `None` once `max_handling` has passed;
+    /// `work` is then dropped (its transaction rolls back).
+    async fn keep_alive<F: Future>(&self, msg: &jetstream::Message, work: F) -> Option<F::Output> {
+        let period = self.progress_period();
+        let deadline = tokio::time::sleep(self.config.max_handling);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tokio::pin!(work, deadline);
+        loop {
+            tokio::select! {
+                out = &mut work => return Some(out),
+                () = &mut deadline => return None,
+                _ = ticks.tick() => progress(msg).await,
+            }
+        }
+    }
+
+    fn progress_period(&self) -> Duration {
+        (self.config.ack_wait / 2).max(Duration::from_millis(10))
+    }
+
+    /// Pauses the consumer until the database answers (see `outage`).
+    fn pause(&self) {
+        self.outage.begin(
+            self.inbox.executor().db().clone(),
+            self.config.nak_base,
+            self.config.nak_max.min(Duration::from_secs(5)),
+        );
     }
 
     /// The transactional path: the handler behind the inbox marker.
@@ -246,6 +353,7 @@ impl Consumer {
                 self.count(if duplicate { "duplicate" } else { "processed" });
                 Verdict::Ack
             }
+            Err(err) if err.is_outage() => Verdict::Outage(err.to_string()),
             Err(err) => {
                 self.count("failed");
                 if err.is_permanent() {
@@ -274,6 +382,8 @@ impl Consumer {
         }
     }
 
+    /// Tells JetStream the verdict. `Err` when the database was unreachable,
+    /// so nothing was settled and the caller holds the delivery.
     async fn settle(
         &self,
         msg: &jetstream::Message,
@@ -281,7 +391,7 @@ impl Consumer {
         message_id: Option<&str>,
         headers: &BTreeMap<String, String>,
         delivered: i64,
-    ) {
+    ) -> Result<(), Unreachable> {
         match verdict {
             Verdict::Ack => {
                 if let Err(err) = msg.double_ack().await {
@@ -299,10 +409,16 @@ impl Consumer {
                 }
             }
             Verdict::DeadLetter(reason) => {
-                self.dead_letter(msg, message_id, headers, &reason, delivered)
-                    .await
+                return self
+                    .dead_letter(msg, message_id, headers, &reason, delivered)
+                    .await;
+            }
+            Verdict::Outage(reason) => {
+                tracing::warn!(reason, "database unreachable; holding the delivery");
+                return Err(Unreachable);
             }
         }
+        Ok(())
     }
 
     fn max_deliver(&self) -> i64 {
@@ -324,7 +440,7 @@ impl Consumer {
         headers: &BTreeMap<String, String>,
         reason: &str,
         delivered: i64,
-    ) {
+    ) -> Result<(), Unreachable> {
         let row = DeadLetter {
             consumer: self.registration.consumer.as_str(),
             message_id,
@@ -342,13 +458,39 @@ impl Consumer {
                     tracing::warn!(error = %err, "term not confirmed; a redelivery may dead-letter it again");
                 }
             }
+            Err(err) if service::classify::is_outage(&err) => return Err(Unreachable),
             Err(err) => {
+                // JetStream redelivers without limit, so the message comes
+                // back and is recorded once the insert succeeds.
                 tracing::error!(error = %err, reason, "could not record the dead letter; nak instead");
-                let _ = msg
+                if let Err(err) = msg
                     .ack_with(AckKind::Nak(Some(self.nak_delay(delivered))))
-                    .await;
+                    .await
+                {
+                    tracing::warn!(error = %err, "nak failed; the ack wait will redeliver");
+                }
             }
         }
+        Ok(())
+    }
+}
+
+/// The database could not be reached while settling a delivery.
+#[derive(Debug)]
+struct Unreachable;
+
+/// Resets the delivery's ack wait.
+async fn progress(msg: &jetstream::Message) {
+    if let Err(err) = msg.ack_with(AckKind::Progress).await {
+        tracing::debug!(error = %err, "in-progress ack failed");
+    }
+}
+
+/// Logs a message task that panicked or was cancelled; its delivery is
+/// redelivered after the ack wait.
+fn log_task_failure(done: Result<(), tokio::task::JoinError>) {
+    if let Err(err) = done {
+        tracing::error!(error = %err, "a message task failed; its delivery will be redelivered");
     }
 }
 
@@ -363,6 +505,9 @@ enum Verdict {
     Term,
     /// Record a dead letter with this reason, then term.
     DeadLetter(String),
+    /// The database is unreachable: hold the delivery and try again once it
+    /// answers, without spending a delivery.
+    Outage(String),
 }
 
 /// Delivery headers as a map (first value per name).

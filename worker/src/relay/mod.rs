@@ -12,14 +12,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use futures::future::join_all;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, JsonValue, TransactionTrait};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use entity::outbox_message;
+use service::outbox::{check_header, check_message_id};
 
 pub use store::pending_count;
 
@@ -265,9 +266,10 @@ impl Relay {
 
     async fn publish(&self, row: &outbox_message::Model, payload: Vec<u8>) -> Result<(), String> {
         let started = std::time::Instant::now();
+        let message = publish_message(row, payload)?;
         let ack: PublishAckFuture = self
             .js
-            .send_publish(row.subject.clone(), publish_message(row, payload))
+            .send_publish(row.subject.clone(), message)
             .await
             .map_err(|e| format!("publish to {}: {e}", row.subject))?;
         ack.await
@@ -350,17 +352,38 @@ struct ChainResult {
 
 /// Builds the NATS message for a row: its headers plus `Nats-Msg-Id`, around
 /// `payload` (the row's, handed over by value so it is not copied).
-pub fn publish_message(row: &outbox_message::Model, payload: Vec<u8>) -> PublishMessage {
+///
+/// Rows can be written by hand or by an older build, so everything is checked
+/// here rather than trusted: async-nats panics on a header name with a space
+/// or `:` and on values with CR/LF, and a panic would end the relay and then
+/// repeat on the same batch after every restart.
+///
+/// # Errors
+/// Why the row cannot be encoded; the relay records it as a failed attempt.
+pub fn publish_message(
+    row: &outbox_message::Model,
+    payload: Vec<u8>,
+) -> Result<PublishMessage, String> {
+    check_message_id(&row.message_id).map_err(|e| e.to_string())?;
     let mut headers = HeaderMap::new();
-    if let Some(map) = row.headers.as_object() {
-        for (name, value) in map {
-            if let Some(value) = value.as_str() {
-                headers.insert(name.as_str(), value);
+    match &row.headers {
+        JsonValue::Null => {}
+        JsonValue::Object(map) => {
+            for (name, value) in map {
+                let value = value
+                    .as_str()
+                    .ok_or_else(|| format!("header {name:?} is not a string"))?;
+                check_header(name, value).map_err(|e| e.to_string())?;
+                let name: HeaderName = name.parse().map_err(|e| format!("header {name:?}: {e}"))?;
+                let value: HeaderValue =
+                    value.parse().map_err(|e| format!("header {name}: {e}"))?;
+                headers.insert(name, value);
             }
         }
+        other => return Err(format!("headers must be a JSON object, not {other}")),
     }
-    PublishMessage::build()
+    Ok(PublishMessage::build()
         .headers(headers)
         .payload(payload.into())
-        .message_id(&row.message_id)
+        .message_id(&row.message_id))
 }

@@ -1,0 +1,139 @@
+//! A TCP proxy between seawall and its database, to cut the connection on
+//! purpose: all of it (an outage), or right after forwarding a `COMMIT` (a
+//! commit whose outcome the client never learns).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[derive(Debug)]
+struct State {
+    /// `false` while the proxy plays an outage: connections are refused and
+    /// the open ones cut.
+    up: watch::Sender<bool>,
+    /// Cut the connection after forwarding the next `COMMIT`.
+    drop_next_commit: AtomicBool,
+    /// How many `COMMIT`s were cut.
+    commits_dropped: AtomicUsize,
+}
+
+/// Forwards `127.0.0.1:<port>` to `upstream`; stops on drop.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            up: watch::channel(true).0,
+            drop_next_commit: AtomicBool::new(false),
+            commits_dropped: AtomicUsize::new(0),
+        });
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if !*shared.up.borrow() {
+                    drop(client);
+                    continue;
+                }
+                tokio::spawn(pump(client, upstream, shared.clone()));
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    /// `url` (a PostgreSQL URL) pointed at the proxy instead of its server.
+    pub fn url_for(&self, url: &str, upstream: SocketAddr) -> String {
+        url.replace(&upstream.to_string(), &self.addr.to_string())
+    }
+
+    /// Cuts every connection and refuses new ones until [`Proxy::restore`].
+    pub fn cut(&self) {
+        self.state.up.send_replace(false);
+    }
+
+    pub fn restore(&self) {
+        self.state.up.send_replace(true);
+    }
+
+    /// Cuts the connection that sends the next `COMMIT`, right after
+    /// forwarding it: the server commits, the client never hears.
+    pub fn drop_next_commit(&self) {
+        self.state.drop_next_commit.store(true, Ordering::SeqCst);
+    }
+
+    pub fn commits_dropped(&self) -> usize {
+        self.state.commits_dropped.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The host:port of a `postgres://user@host:port/db` URL.
+pub fn upstream_of(url: &str) -> SocketAddr {
+    let rest = url.split_once("://").unwrap().1;
+    let host_port = rest.split_once('@').map_or(rest, |(_, r)| r);
+    let host_port = host_port.split(['/', '?']).next().unwrap();
+    host_port.parse().unwrap()
+}
+
+async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let mut up = state.up.subscribe();
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let to_server = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if server_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            if contains(&buf[..n], b"COMMIT")
+                && state.drop_next_commit.swap(false, Ordering::SeqCst)
+            {
+                state.commits_dropped.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+        }
+    };
+    let to_client = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = to_server => {}
+        () = to_client => {}
+        _ = up.wait_for(|up| !*up) => {}
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
