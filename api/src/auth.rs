@@ -1,6 +1,8 @@
-//! Bearer-token authentication for `/api/v1`.
+//! Bearer-token authentication for `/api/v1`, and what stands in for it
+//! without a token.
 
 use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, Method, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use subtle::ConstantTimeEq;
@@ -30,4 +32,110 @@ pub async fn require_token(
         }
     }
     Ok(next.run(request).await)
+}
+
+/// Without a token the API listens on loopback only, but the operator's
+/// browser is on loopback too, and any page it shows can reach it: a
+/// cross-site form POST needs no preflight, and DNS rebinding lets a page
+/// read answers under its own host name. So a tokenless API answers only
+/// requests addressed to a loopback `Host`, and takes state changes only from
+/// its own origin (`Origin` equal to the `Host`, `Sec-Fetch-Site` same-origin
+/// or none). Clients that send neither header (curl, scripts) are unaffected.
+pub async fn require_local(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if state.config.token.is_none() {
+        check_local(request.method(), request.headers())?;
+    }
+    Ok(next.run(request).await)
+}
+
+fn check_local(method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &axum::http::HeaderValue| v.to_str().ok())
+    };
+    let host = text(header::HOST);
+    if let Some(host) = host
+        && !is_loopback_host(host)
+    {
+        return Err(ApiError::Forbidden(format!(
+            "host {host:?} is not a loopback name; without SEAWALL_ADMIN_TOKEN the API answers only loopback hosts"
+        )));
+    }
+    if method.is_safe() {
+        return Ok(());
+    }
+    let foreign_origin = match (text(header::ORIGIN), host) {
+        (Some(origin), Some(host)) => origin_authority(origin) != Some(host),
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    let foreign_site = text(HeaderName::from_static("sec-fetch-site"))
+        .is_some_and(|site| !matches!(site, "same-origin" | "none"));
+    if foreign_origin || foreign_site {
+        return Err(ApiError::Forbidden(
+            "a state-changing request from another origin; without SEAWALL_ADMIN_TOKEN only the API's own pages may change state".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `host:port` of an `Origin` (`scheme://host[:port]`); `None` for `null`.
+fn origin_authority(origin: &str) -> Option<&str> {
+    origin.split_once("://").map(|(_, rest)| rest)
+}
+
+/// A `Host` header naming this machine: `localhost` (or a name under it),
+/// an IPv4 loopback address, or `[::1]`, each with an optional port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split_once(']').map_or(rest, |(addr, _)| addr)
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        })
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_are_recognised_and_others_are_not() {
+        for ok in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:80",
+            "127.1.2.3",
+            "[::1]:8080",
+            "app.localhost",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example",
+            "[::2]:80",
+            "10.0.0.1",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+    }
 }

@@ -215,6 +215,7 @@ pub fn router(state: AppState) -> Router {
         .merge(public)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(from_fn_with_state(state.clone(), auth::require_local))
         .layer(DefaultBodyLimit::max(state.config.body_limit))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,

@@ -23,6 +23,12 @@ pub enum HandlerError {
     /// The handler panicked; its transaction was rolled back.
     #[error("handler panicked: {0}")]
     Panicked(String),
+    /// The connection was lost while `COMMIT` was under way: the unit may or
+    /// may not have committed, and running it again could apply it twice, so
+    /// the executor does not. Only units guarded by an inbox marker (see
+    /// [`crate::Unit::guarded_by_marker`]) are re-run after such a loss.
+    #[error("commit outcome unknown: the connection was lost during COMMIT: {0}")]
+    CommitUnknown(#[source] DbErr),
 }
 
 /// Why [`crate::Inbox::process`] did not process a message. A duplicate is not

@@ -62,6 +62,15 @@ impl RetryPolicy {
 pub trait Unit<T>: Send + Sync {
     /// Runs the unit's statements on `txn`. The executor commits on `Ok`.
     fn run<'a>(&'a self, txn: &'a DatabaseTransaction) -> BoxFuture<'a, Result<T, HandlerError>>;
+
+    /// True when the unit's first write is a unique marker (the inbox's
+    /// units), so running it again after a commit that did happen fails on
+    /// the marker instead of applying the work twice. Only such units are
+    /// re-run when the connection is lost during `COMMIT`; for the others
+    /// that loss is [`HandlerError::CommitUnknown`].
+    fn guarded_by_marker(&self) -> bool {
+        false
+    }
 }
 
 impl<T, F> Unit<T> for F
@@ -152,9 +161,16 @@ impl Executor {
     /// transient error (serialization failure, deadlock, SQLite busy, lost
     /// connection) until the policy's attempt limit.
     ///
+    /// A connection lost during `COMMIT` is different: the transaction may
+    /// have committed. A unit guarded by an inbox marker is re-run (the
+    /// marker turns a committed first run into a duplicate); any other unit
+    /// is not, and the caller gets [`HandlerError::CommitUnknown`] to resolve
+    /// by its own means (look the effect up, or make the unit idempotent).
+    ///
     /// # Errors
-    /// The unit's own error, a non-transient database error, or the last
-    /// transient one once the attempts are used up. A panic in the unit is
+    /// The unit's own error, a non-transient database error,
+    /// [`HandlerError::CommitUnknown`], or the last transient error once the
+    /// attempts are used up. A panic in the unit is
     /// caught and returned as [`HandlerError::Panicked`]; its transaction is
     /// rolled back.
     pub async fn run<T, U>(&self, unit: &U) -> Result<T, HandlerError>
@@ -199,10 +215,13 @@ impl Executor {
         let txn = self.db.begin_with_options(self.options).await?;
         let outcome = AssertUnwindSafe(unit.run(&txn)).catch_unwind().await;
         match outcome {
-            Ok(Ok(value)) => {
-                txn.commit().await?;
-                Ok(value)
-            }
+            Ok(Ok(value)) => match txn.commit().await {
+                Ok(()) => Ok(value),
+                Err(err) if crate::classify::is_outage(&err) && !unit.guarded_by_marker() => {
+                    Err(HandlerError::CommitUnknown(err))
+                }
+                Err(err) => Err(err.into()),
+            },
             Ok(Err(err)) => {
                 rollback(txn).await;
                 Err(err)

@@ -196,6 +196,12 @@ where
     T: Send,
     H: Handle<T> + ?Sized,
 {
+    /// The marker makes a re-run after a lost `COMMIT` safe: if the first
+    /// run committed, the re-run meets the marker and is a `Duplicate`.
+    fn guarded_by_marker(&self) -> bool {
+        true
+    }
+
     fn run<'a>(&'a self, txn: &'a DatabaseTransaction) -> BoxFuture<'a, Result<T, HandlerError>> {
         Box::pin(async move {
             // The marker goes first: on PostgreSQL a concurrent instance then
@@ -260,6 +266,9 @@ fn classify_unit_error<T>(
             }),
             _ => Err(database_error(envelope, consumer, source)),
         },
+        // Not produced for inbox units (they are guarded by their marker),
+        // but reported as the database failure it is should that change.
+        HandlerError::CommitUnknown(source) => Err(database_error(envelope, consumer, source)),
         HandlerError::Rejected(reason) => Err(InboxError::Rejected {
             message_id,
             consumer: consumer_name,

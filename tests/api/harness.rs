@@ -22,6 +22,11 @@ pub struct TestApi {
 
 impl TestApi {
     pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, Some(TOKEN)).await
+    }
+
+    /// An API with the given token, or none (loopback-only mode).
+    pub async fn start_with(backend: Backend, token: Option<&str>) -> Self {
         let t = TestDb::new(backend).await;
         let state = api::AppState {
             db: t.db.clone(),
@@ -34,7 +39,7 @@ impl TestApi {
                     .handle(),
             ),
             config: Arc::new(api::ApiConfig {
-                token: Some(TOKEN.into()),
+                token: token.map(Into::into),
                 prune: Some(service::retention::PruneConfig {
                     inbox: std::time::Duration::from_secs(3600),
                     outbox: std::time::Duration::from_secs(3600),

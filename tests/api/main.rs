@@ -6,5 +6,6 @@ mod support;
 mod browser;
 mod endpoints;
 mod harness;
+mod local;
 mod openapi;
 mod schemathesis;

@@ -76,9 +76,9 @@ async fn completed(t: &TestDb, id: &str) -> bool {
         .is_some_and(|m| m.processed_at.is_some())
 }
 
-/// Test 1 through the broker: the ack wait is shorter than the webhook's
-/// answer, so the second process receives the redelivery while the first
-/// holds the claim. One call.
+/// Test 1 through the broker: the first process freezes while its webhook
+/// call is in flight (its in-progress acks stop with it), so the second
+/// receives the redelivery while the first holds the claim. One call.
 async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backend) {
     let (t, nats, js) = setup(backend).await;
     let hook = WebhookServer::start(Duration::from_millis(1200), 200).await;
@@ -87,8 +87,22 @@ async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backen
         ("SEAWALL_MAX_DELIVER", "20"),
     ];
     let mut a = consume(&t, &nats, &hook, &cfg);
-    let mut b = consume(&t, &nats, &hook, &cfg);
     publish_event(&js, "evt-race").await;
+    wait_until(
+        "the first call to arrive",
+        Duration::from_secs(30),
+        || async { hook.total_calls() == 1 },
+    )
+    .await;
+    a.freeze();
+    let mut b = consume(&t, &nats, &hook, &cfg);
+    wait_until(
+        "the redelivery to meet the live claim",
+        Duration::from_secs(30),
+        || async { b.log_text().contains("claim held by another instance") },
+    )
+    .await;
+    a.thaw();
     wait_until("the event to be completed", Duration::from_secs(30), || {
         completed(&t, "evt-race")
     })
@@ -110,11 +124,6 @@ async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backen
     .await;
     assert_eq!(hook.calls().get("evt-race"), Some(&1), "{:?}", hook.calls());
     assert_eq!(hook.total_calls(), 1);
-    let logs = a.log_text() + &b.log_text();
-    assert!(
-        logs.contains("claim held by another instance"),
-        "the redelivery met the live claim"
-    );
     for p in [&mut a, &mut b] {
         assert!(p.terminate().await.success());
         p.assert_no_panic();

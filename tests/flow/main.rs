@@ -10,4 +10,5 @@ mod helpers;
 mod poison;
 mod races;
 mod relay;
+mod relay_edges;
 mod shutdown;

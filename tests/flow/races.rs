@@ -10,10 +10,24 @@ use crate::helpers::{
 };
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb};
+use crate::support::{Backend, TestDb, wait_until};
 
-/// Test 2: the ack wait is shorter than the handler's work, so JetStream
-/// redelivers each message to the other process while the first still works.
+async fn credit_consumer(
+    js: &async_nats::jetstream::Context,
+) -> Option<async_nats::jetstream::consumer::Info> {
+    let mut consumer = js
+        .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+            "credit", "CREDITS",
+        )
+        .await
+        .ok()?;
+    consumer.info().await.ok().cloned()
+}
+
+/// Test 2: the first process freezes in the middle of its handlers (its
+/// in-progress acks stop with it), JetStream redelivers each message to the
+/// second process, and the first then carries on: both work on every message
+/// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
     let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
@@ -23,22 +37,38 @@ async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
         ("SEAWALL_MAX_DELIVER", "20"),
     ];
     let mut a = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &slow));
-    let mut b = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &slow));
-    let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &[]));
     let msgs: Vec<_> = (0..10)
         .map(|i| (format!("seed-{i}"), req("acct", 7)))
         .collect();
     publish_credits(&js, &msgs).await;
+    wait_until(
+        "the first process to hold every message",
+        Duration::from_secs(30),
+        || async {
+            credit_consumer(&js)
+                .await
+                .is_some_and(|i| i.num_ack_pending == 10)
+        },
+    )
+    .await;
+    a.freeze();
+    let mut b = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &slow));
+    wait_until(
+        "redeliveries to the second process",
+        Duration::from_secs(30),
+        || async {
+            credit_consumer(&js)
+                .await
+                .is_some_and(|i| i.num_redelivered > 0)
+        },
+    )
+    .await;
+    a.thaw();
+    let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &[]));
     crate::helpers::wait_for_rows::<Credit>(&t.db, 10, Duration::from_secs(60)).await;
     drain(&t.db, &js, Duration::from_secs(60)).await;
 
-    let mut consumer = js
-        .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
-            "credit", "CREDITS",
-        )
-        .await
-        .unwrap();
-    let info = consumer.info().await.unwrap();
+    let info = credit_consumer(&js).await.unwrap();
     assert!(
         info.num_redelivered > 0 || info.delivered.consumer_sequence > 10,
         "the race was set up: copies were redelivered"

@@ -5,6 +5,7 @@
 mod support;
 
 mod bad_input;
+mod commit;
 mod config;
 mod constraints;
 mod load;

@@ -51,6 +51,18 @@ impl Seawall {
         self.child.wait().await.unwrap()
     }
 
+    /// SIGSTOP: the process holds what it holds (deliveries, transactions,
+    /// claims) but sends nothing, so JetStream redelivers its messages to
+    /// others after the ack wait.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`Seawall::freeze`]: it carries on where it stopped.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
     /// SIGKILL, then waits for the exit.
     pub async fn kill9(&mut self) {
         self.signal("-KILL");

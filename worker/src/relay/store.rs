@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::{Expr, ExprTrait, LockBehavior, LockType};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, LockBehavior, LockType, Query, SelectStatement};
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
     DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, TransactionTrait,
@@ -28,7 +28,8 @@ pub(crate) fn span(d: Duration) -> chrono::Duration {
 }
 
 /// The first `limit` rows a relay may publish now: unpublished, not dead,
-/// past their backoff and not under someone's live lease, in id order.
+/// past their backoff, not under someone's live lease, and not queued behind
+/// a blocked earlier row of their key, in id order.
 fn publishable(now: DateTime<Utc>, limit: u64) -> Select<outbox_message::Entity> {
     outbox_message::Entity::find()
         .filter(Column::PublishedAt.is_null())
@@ -39,8 +40,38 @@ fn publishable(now: DateTime<Utc>, limit: u64) -> Select<outbox_message::Entity>
                 .add(Column::LockedUntil.is_null())
                 .add(Column::LockedUntil.lt(now)),
         )
+        .filter(
+            Condition::any()
+                .add(Column::OrderingKey.is_null())
+                .add(Expr::not_exists(blocked_head(now))),
+        )
         .order_by_asc(Column::Id)
         .limit(limit)
+}
+
+/// An earlier pending row of the outer row's key that cannot go now (backing
+/// off or under a live lease). Rows behind it must wait anyway; excluding
+/// them here keeps them from filling every batch while the head backs off,
+/// which would starve every other key and the unkeyed rows. Served by
+/// `ix_outbox_message_ordering_key` (ordering_key, id).
+fn blocked_head(now: DateTime<Utc>) -> SelectStatement {
+    let head = Alias::new("head");
+    let outer = outbox_message::Entity;
+    Query::select()
+        .expr(Expr::val(1))
+        .from_as(outer, head.clone())
+        .and_where(
+            Expr::col((head.clone(), Column::OrderingKey)).equals((outer, Column::OrderingKey)),
+        )
+        .and_where(Expr::col((head.clone(), Column::Id)).lt(Expr::col((outer, Column::Id))))
+        .and_where(Expr::col((head.clone(), Column::PublishedAt)).is_null())
+        .and_where(Expr::col((head.clone(), Column::DeadAt)).is_null())
+        .cond_where(
+            Condition::any()
+                .add(Expr::col((head.clone(), Column::NextAttemptAt)).gt(now))
+                .add(Expr::col((head, Column::LockedUntil)).gte(now)),
+        )
+        .to_owned()
 }
 
 /// Locks up to `limit` publishable rows in `txn` (`FOR UPDATE SKIP LOCKED`)
