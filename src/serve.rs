@@ -202,6 +202,16 @@ pub async fn serve(
             config: Arc::new(api::ApiConfig {
                 token: settings.admin_token.clone(),
                 prune: Some(retention),
+                replay_subjects: registry(settings)?
+                    .registrations()
+                    .iter()
+                    .map(|r| {
+                        let consumer = r.consumer.to_string();
+                        let subject =
+                            service::dead_letter::replay_subject(CREDITS_STREAM, &consumer);
+                        (consumer, subject)
+                    })
+                    .collect(),
                 ..api::ApiConfig::default()
             }),
         };

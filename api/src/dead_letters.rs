@@ -1,6 +1,7 @@
 //! `/api/v1/dead-letters`: what consumers gave up on; replay or delete.
 
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::{HeaderName, HeaderValue};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -11,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use entity::dead_letter::{self, Column};
+
+use service::dead_letter::REPLAY_OF_HEADER;
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
@@ -128,8 +131,11 @@ pub async fn get_dead_letter(
     }))
 }
 
-/// Publishes the message again to its original subject with its original
-/// message id, so the inbox still dedupes it if it was applied after all.
+/// Publishes the message again, with its original message id (so the inbox
+/// still dedupes it if it was applied after all), to the replay subject of
+/// the consumer that gave up on it: other consumers of the original subject
+/// never see the replay, and one whose marker was pruned cannot apply it
+/// twice. The original subject travels in a header.
 #[utoipa::path(post, path = "/api/v1/dead-letters/{id}/replay", tag = "dead-letters", params(("id" = i64, Path, description = "Dead letter id")),
     responses((status = 200, body = DeadLetterRow), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
@@ -148,18 +154,42 @@ pub async fn replay_dead_letter(
             "replay needs NATS, which this API process is not connected to".into(),
         )
     })?;
+    let replay_subject = state
+        .config
+        .replay_subjects
+        .get(&m.consumer)
+        .ok_or_else(|| {
+            ApiError::Conflict(format!(
+                "consumer {:?} is not registered in this process, so its replay subject is unknown; replay from a process that runs it",
+                m.consumer
+            ))
+        })?;
     let mut msg = PublishMessage::build().payload(m.payload.clone().into());
     if let Some(headers) = m.headers.as_object() {
         for (name, value) in headers {
-            if let Some(value) = value.as_str() {
-                msg = msg.header(name.as_str(), value);
+            let Some(value) = value.as_str() else {
+                continue;
+            };
+            if name == REPLAY_OF_HEADER {
+                continue;
             }
+            // Rows can be edited by hand; async-nats panics on what NATS
+            // cannot carry, so check first.
+            let (Ok(name), Ok(value)) = (name.parse::<HeaderName>(), value.parse::<HeaderValue>())
+            else {
+                return Err(ApiError::Conflict(format!(
+                    "dead letter {id} has a header NATS cannot carry ({name:?}); fix or delete it"
+                )));
+            };
+            msg = msg.header(name, value);
         }
     }
-    let msg = msg.message_id(&message_id);
+    let msg = msg
+        .header(REPLAY_OF_HEADER, m.subject.as_str())
+        .message_id(&message_id);
     let publish = async {
         let ack = js
-            .send_publish(m.subject.clone(), msg)
+            .send_publish(replay_subject.clone(), msg)
             .await
             .map_err(|e| e.to_string())?;
         ack.await.map_err(|e| e.to_string())

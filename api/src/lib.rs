@@ -57,6 +57,10 @@ pub struct ApiConfig {
     pub request_timeout: Duration,
     /// Largest request body accepted.
     pub body_limit: usize,
+    /// Each consumer's replay subject
+    /// ([`service::dead_letter::replay_subject`]): a dead letter is replayed
+    /// to its own consumer only.
+    pub replay_subjects: std::collections::HashMap<String, String>,
 }
 
 impl Default for ApiConfig {
@@ -66,6 +70,7 @@ impl Default for ApiConfig {
             prune: None,
             request_timeout: Duration::from_secs(10),
             body_limit: 64 * 1024,
+            replay_subjects: std::collections::HashMap::new(),
         }
     }
 }

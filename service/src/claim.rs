@@ -76,12 +76,25 @@ pub enum ClaimError {
         #[source]
         source: DbErr,
     },
-    /// The guard's lease ran out and another instance took the claim over;
-    /// this instance must not record a result.
+    /// The guard's lease ran out and another instance holds the claim now
+    /// under a live lease; this instance must not record a result (the
+    /// other one will, or its lease runs out and a redelivery takes over).
     #[error(
         "claim of message {message_id} (consumer {consumer}) was taken over after its lease ran out"
     )]
     LeaseLost {
+        /// The message.
+        message_id: String,
+        /// The consumer.
+        consumer: String,
+    },
+    /// The claim was quarantined (too many abandoned attempts) while this
+    /// instance performed the effect. It is not recorded as done: the
+    /// quarantine's dead letter already asks a person to decide.
+    #[error(
+        "claim of message {message_id} (consumer {consumer}) was quarantined while its effect ran"
+    )]
+    Quarantined {
         /// The message.
         message_id: String,
         /// The consumer.
@@ -139,21 +152,63 @@ impl ClaimGuard {
 
     /// Records the effect as done, with an optional result.
     ///
+    /// The effect happened, so it is recorded even when this guard's lease
+    /// ran out and the sweeper or an operator released the claim meanwhile:
+    /// otherwise nobody would (this delivery is about to be settled), and the
+    /// row would stay open for good. Only a live lease of another instance
+    /// (which will record it itself) or a quarantine stops it.
+    ///
     /// # Errors
-    /// [`ClaimError::LeaseLost`] if another instance took the claim over.
+    /// [`ClaimError::LeaseLost`] if another instance holds the claim under a
+    /// live lease, [`ClaimError::Quarantined`] if it was quarantined.
     pub async fn complete(self, result: Option<String>) -> Result<(), ClaimError> {
-        let res = inbox_message::Entity::update_many()
-            .col_expr(Column::ProcessedAt, Expr::value(Utc::now()))
-            .col_expr(Column::Result, Expr::value(result))
-            .col_expr(
-                Column::LeaseUntil,
-                Expr::value(Option::<DateTime<Utc>>::None),
-            )
-            .filter(self.owned())
-            .exec(&self.db)
+        let now = Utc::now();
+        let record = |condition: Condition| {
+            inbox_message::Entity::update_many()
+                .col_expr(Column::ProcessedAt, Expr::value(now))
+                .col_expr(Column::Result, Expr::value(result.clone()))
+                .col_expr(
+                    Column::LeaseUntil,
+                    Expr::value(Option::<DateTime<Utc>>::None),
+                )
+                .filter(condition)
+                .exec(&self.db)
+        };
+        let res = record(self.owned()).await.map_err(|e| self.db_error(e))?;
+        if res.rows_affected == 1 {
+            return Ok(());
+        }
+        let unheld = Condition::all()
+            .add(Column::Id.eq(self.id))
+            .add(Column::ProcessedAt.is_null())
+            .add(Column::QuarantinedAt.is_null())
+            .add(
+                Condition::any()
+                    .add(Column::LeaseUntil.is_null())
+                    .add(Column::LeaseUntil.lte(now)),
+            );
+        let res = record(unheld).await.map_err(|e| self.db_error(e))?;
+        if res.rows_affected == 1 {
+            tracing::info!(
+                attempt = self.attempt,
+                "effect recorded after the claim's lease ran out"
+            );
+            return Ok(());
+        }
+        let row = inbox_message::Entity::find_by_id(self.id)
+            .one(&self.db)
             .await
             .map_err(|e| self.db_error(e))?;
-        self.expect_one(res.rows_affected)
+        match row {
+            // Recorded by another instance, or pruned after it was: done.
+            Some(row) if row.processed_at.is_some() => Ok(()),
+            None => Ok(()),
+            Some(row) if row.quarantined_at.is_some() => Err(ClaimError::Quarantined {
+                message_id: self.message_id.clone(),
+                consumer: self.consumer.clone(),
+            }),
+            Some(_) => self.expect_one(0),
+        }
     }
 
     /// Releases the claim for a retry (the effect failed, it may be attempted again).
@@ -184,6 +239,7 @@ impl ClaimGuard {
             .add(Column::ClaimedBy.eq(self.instance.as_str()))
             .add(Column::Attempts.eq(self.attempt))
             .add(Column::ProcessedAt.is_null())
+            .add(Column::QuarantinedAt.is_null())
     }
 
     fn expect_one(&self, rows: u64) -> Result<(), ClaimError> {
@@ -400,6 +456,34 @@ pub async fn quarantine(
     txn.commit().await?;
     tracing::warn!(message_id = %row.message_id, consumer = %row.consumer, attempts = row.attempts, "claim quarantined");
     Ok(true)
+}
+
+/// Gives a claimed message up for good: quarantines its claim row, if one
+/// is still open, and records `letter`, in one transaction. A consumer calls
+/// this instead of [`DeadLetter::record`] for messages of a claim path, so no
+/// claim row outlives its message unfinished (nobody would ever revisit it).
+///
+/// # Errors
+/// Database errors; nothing is written then, and the message must not be
+/// terminated.
+pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result<(), DbErr> {
+    let txn = db.begin().await?;
+    if let Some(message_id) = letter.message_id {
+        inbox_message::Entity::update_many()
+            .col_expr(Column::QuarantinedAt, Expr::value(Utc::now()))
+            .col_expr(
+                Column::LeaseUntil,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .filter(Column::MessageId.eq(message_id))
+            .filter(Column::Consumer.eq(letter.consumer))
+            .filter(Column::ProcessedAt.is_null())
+            .filter(Column::QuarantinedAt.is_null())
+            .exec(&txn)
+            .await?;
+    }
+    letter.record(&txn).await?;
+    txn.commit().await
 }
 
 #[cfg(test)]

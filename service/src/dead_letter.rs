@@ -11,6 +11,27 @@ use sea_orm::{
 
 use entity::dead_letter;
 
+/// Header of a replayed message that names its original subject. Replays go
+/// to the consumer's own replay subject; the consumer hands its handler the
+/// original subject from this header.
+pub const REPLAY_OF_HEADER: &str = "Seawall-Replay-Of";
+
+const REPLAY_PREFIX: &str = "seawall-replay";
+
+/// The subject that only `consumer`'s durable consumer on `stream` reads,
+/// where replays of its dead letters go. A replay on the original subject
+/// would reach every consumer of that subject, and one whose marker has been
+/// pruned would apply the message a second time.
+pub fn replay_subject(stream: &str, consumer: &str) -> String {
+    format!("{REPLAY_PREFIX}.{stream}.{consumer}")
+}
+
+/// The wildcard a stream captures so that its consumers' replay subjects
+/// land in it.
+pub fn replay_subjects(stream: &str) -> String {
+    format!("{REPLAY_PREFIX}.{stream}.>")
+}
+
 /// A message being dead-lettered, as it arrived.
 #[derive(Debug, Clone)]
 pub struct DeadLetter<'a> {

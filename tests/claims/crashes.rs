@@ -15,7 +15,9 @@ use crate::support::process::Seawall;
 use crate::support::webhook::WebhookServer;
 use crate::support::{Backend, TestDb, wait_until};
 
-async fn setup(backend: Backend) -> (TestDb, NatsServer, async_nats::jetstream::Context) {
+pub(crate) async fn setup(
+    backend: Backend,
+) -> (TestDb, NatsServer, async_nats::jetstream::Context) {
     let t = TestDb::new(backend).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
@@ -34,7 +36,7 @@ async fn setup(backend: Backend) -> (TestDb, NatsServer, async_nats::jetstream::
     (t, nats, js)
 }
 
-async fn publish_event(js: &async_nats::jetstream::Context, id: &str) {
+pub(crate) async fn publish_event(js: &async_nats::jetstream::Context, id: &str) {
     let body = format!(r#"{{"message_id":"req-{id}","account_id":"a","amount":1,"balance":1}}"#);
     let msg = PublishMessage::build().payload(body.into()).message_id(id);
     js.send_publish("credits.applied", msg)
@@ -44,7 +46,7 @@ async fn publish_event(js: &async_nats::jetstream::Context, id: &str) {
         .unwrap();
 }
 
-fn consume(
+pub(crate) fn consume(
     t: &TestDb,
     nats: &NatsServer,
     hook: &WebhookServer,

@@ -11,4 +11,5 @@ mod poison;
 mod races;
 mod relay;
 mod relay_edges;
+mod replay;
 mod shutdown;

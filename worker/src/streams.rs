@@ -45,7 +45,9 @@ pub enum StreamError {
     },
 }
 
-/// Creates the stream or updates it to `spec`, idempotently.
+/// Creates the stream or updates it to `spec`, idempotently. The stream also
+/// captures its consumers' replay subjects
+/// ([`service::dead_letter::replay_subjects`]).
 ///
 /// # Errors
 /// [`StreamError::Provision`] with the server's reason.
@@ -55,7 +57,12 @@ pub async fn ensure_stream(
 ) -> Result<stream::Info, StreamError> {
     let config = stream::Config {
         name: spec.name.clone(),
-        subjects: spec.subjects.clone(),
+        subjects: spec
+            .subjects
+            .iter()
+            .cloned()
+            .chain([service::dead_letter::replay_subjects(&spec.name)])
+            .collect(),
         duplicate_window: spec.duplicate_window,
         max_age: spec.max_age,
         num_replicas: spec.replicas,

@@ -62,12 +62,19 @@ pub(super) async fn apply(
         Ok(result) => {
             fault(FAULT_AFTER_EFFECT);
             match guard.complete(result).await {
-                // Lost lease: another instance owns the claim now and will
-                // record it; this delivery is settled.
-                Ok(()) | Err(ClaimError::LeaseLost { .. }) => {
+                Ok(()) => {
                     consumer.count("processed");
                     Verdict::Ack
                 }
+                // Another instance holds the claim under a live lease. Its
+                // message must not be settled here: should that instance
+                // die too, a redelivery is what takes the claim over.
+                Err(err @ ClaimError::LeaseLost { .. }) => {
+                    tracing::info!(error = %err, "claim taken over while the effect ran; nak until the other lease ends");
+                    Verdict::Nak(policy.lease)
+                }
+                // Quarantined meanwhile: its dead letter is written.
+                Err(ClaimError::Quarantined { .. }) => Verdict::Term,
                 Err(err) if err.is_outage() => Verdict::Outage(err.to_string()),
                 Err(err) => consumer.retry_or_give_up(&err.to_string(), delivered),
             }

@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use service::dead_letter::DeadLetter;
+use service::dead_letter::{DeadLetter, REPLAY_OF_HEADER};
 use service::{Envelope, HandlerKind, Inbox, Registration};
 
 mod effect;
@@ -146,7 +146,9 @@ impl Consumer {
         stream
             .create_consumer(pull::Config {
                 durable_name: Some(name),
-                filter_subject: self.registration.subject.clone(),
+                // Its subject, and its own replay subject: a dead letter
+                // replayed there reaches this consumer and no other.
+                filter_subjects: vec![self.registration.subject.clone(), self.replay_subject()],
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: self.config.ack_wait,
                 max_deliver: -1,
@@ -229,21 +231,19 @@ impl Consumer {
     pub async fn handle(&self, msg: jetstream::Message) {
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         let headers = headers_of(&msg);
+        let subject = self.original_subject(&msg, &headers);
         let span = tracing::info_span!(
             "consume",
             consumer = %self.registration.consumer,
-            subject = %msg.subject,
+            subject = %subject,
             delivered,
             message_id = tracing::field::Empty,
             traceparent = headers.get("traceparent").map(String::as_str).unwrap_or(""),
         );
         async {
-            let envelope = Envelope::from_delivery(
-                msg.subject.to_string(),
-                headers.clone(),
-                msg.payload.to_vec(),
-            )
-            .map(|envelope| envelope.redelivered(delivered > 1));
+            let envelope =
+                Envelope::from_delivery(subject.clone(), headers.clone(), msg.payload.to_vec())
+                    .map(|envelope| envelope.redelivered(delivered > 1));
             let message_id = envelope.as_ref().ok().map(|e| e.message_id.to_string());
             if let Some(id) = &message_id {
                 tracing::Span::current().record("message_id", id.as_str());
@@ -255,7 +255,14 @@ impl Consumer {
                     Err(err) => Verdict::DeadLetter(format!("unusable message: {err}")),
                 };
                 let settled = self
-                    .settle(&msg, verdict, message_id.as_deref(), &headers, delivered)
+                    .settle(
+                        &msg,
+                        verdict,
+                        &subject,
+                        message_id.as_deref(),
+                        &headers,
+                        delivered,
+                    )
                     .await;
                 if settled.is_ok() {
                     break;
@@ -320,6 +327,27 @@ impl Consumer {
                 () = &mut deadline => return None,
                 _ = ticks.tick() => progress(msg).await,
             }
+        }
+    }
+
+    /// Where replays of this consumer's dead letters arrive.
+    pub fn replay_subject(&self) -> String {
+        service::dead_letter::replay_subject(
+            &self.config.stream,
+            self.registration.consumer.as_str(),
+        )
+    }
+
+    /// The subject the message was first published on: a replay carries it
+    /// in a header, since it arrives on this consumer's replay subject.
+    fn original_subject(
+        &self,
+        msg: &jetstream::Message,
+        headers: &BTreeMap<String, String>,
+    ) -> String {
+        match headers.get(REPLAY_OF_HEADER) {
+            Some(original) if msg.subject.as_str() == self.replay_subject() => original.clone(),
+            _ => msg.subject.to_string(),
         }
     }
 
@@ -388,6 +416,7 @@ impl Consumer {
         &self,
         msg: &jetstream::Message,
         verdict: Verdict,
+        subject: &str,
         message_id: Option<&str>,
         headers: &BTreeMap<String, String>,
         delivered: i64,
@@ -410,7 +439,7 @@ impl Consumer {
             }
             Verdict::DeadLetter(reason) => {
                 return self
-                    .dead_letter(msg, message_id, headers, &reason, delivered)
+                    .dead_letter(msg, subject, message_id, headers, &reason, delivered)
                     .await;
             }
             Verdict::Outage(reason) => {
@@ -436,6 +465,7 @@ impl Consumer {
     async fn dead_letter(
         &self,
         msg: &jetstream::Message,
+        subject: &str,
         message_id: Option<&str>,
         headers: &BTreeMap<String, String>,
         reason: &str,
@@ -444,13 +474,19 @@ impl Consumer {
         let row = DeadLetter {
             consumer: self.registration.consumer.as_str(),
             message_id,
-            subject: msg.subject.as_str(),
+            subject,
             payload: &msg.payload,
             headers,
             error: reason,
             deliveries: i32::try_from(delivered).unwrap_or(i32::MAX),
         };
-        match row.record(self.inbox.executor().db()).await {
+        let db = self.inbox.executor().db();
+        let recorded = match &self.registration.kind {
+            // A claim row must not outlive its message unfinished.
+            HandlerKind::Effect(..) => service::claim::give_up(db, &row).await,
+            HandlerKind::Transaction(_) => row.record(db).await,
+        };
+        match recorded {
             Ok(()) => {
                 metrics::counter!("seawall_dead_letters_total", "consumer" => self.registration.consumer.to_string()).increment(1);
                 tracing::warn!(reason, "dead-lettered");

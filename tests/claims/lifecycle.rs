@@ -1,0 +1,159 @@
+//! Every claim row ends processed, quarantined with its dead letter, or held
+//! by a live lease; never open with nobody to finish it, never both
+//! processed and quarantined.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+
+use entity::{dead_letter, inbox_message};
+use service::ConsumerName;
+use service::claim::{ClaimError, ClaimOutcome, ClaimPolicy, claim};
+use service::sweep::{SweepPolicy, sweep_claims};
+
+use crate::crashes::{consume, publish_event, setup};
+use crate::on_backends;
+use crate::support::webhook::WebhookServer;
+use crate::support::{Backend, TestDb, credit_envelope, wait_until};
+
+/// A lease that is over the moment it is taken, so the sweeper's clock
+/// (passed in) decides without waiting.
+fn expired_at_once(instance: &str) -> ClaimPolicy {
+    ClaimPolicy {
+        lease: Duration::ZERO,
+        max_attempts: 5,
+        instance: instance.into(),
+    }
+}
+
+async fn the_row(t: &TestDb) -> inbox_message::Model {
+    inbox_message::Entity::find()
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn acquire(t: &TestDb, policy: &ClaimPolicy) -> service::claim::ClaimGuard {
+    let consumer = ConsumerName::parse("notify").unwrap();
+    let env = credit_envelope("evt-late", "a", 1, None);
+    match claim(&t.db, &env, &consumer, policy).await.unwrap() {
+        ClaimOutcome::Acquired(guard) => guard,
+        other => panic!("expected to acquire, got {other:?}"),
+    }
+}
+
+/// The sweeper released the claim while the effect ran; the owner's
+/// completion still records it, since nobody else would.
+async fn an_effect_finished_after_the_sweeper_released_its_claim_is_recorded(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let guard = acquire(&t, &expired_at_once("slow")).await;
+    let later = Utc::now() + chrono::Duration::seconds(1);
+    let swept = sweep_claims(&t.db, &SweepPolicy::default(), later)
+        .await
+        .unwrap();
+    assert_eq!(swept.released, 1);
+    guard.complete(Some("200".into())).await.unwrap();
+    let row = the_row(&t).await;
+    assert!(row.processed_at.is_some(), "recorded after the release");
+    assert!(row.quarantined_at.is_none());
+}
+on_backends!(an_effect_finished_after_the_sweeper_released_its_claim_is_recorded: sqlite, postgres);
+
+/// The sweeper quarantined the claim while the effect ran; the slow owner
+/// must not also mark it processed.
+async fn a_claim_quarantined_while_its_effect_ran_is_not_completed(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let guard = acquire(&t, &expired_at_once("slow")).await;
+    let later = Utc::now() + chrono::Duration::seconds(1);
+    let strict = SweepPolicy {
+        default_max_attempts: 1,
+        ..SweepPolicy::default()
+    };
+    assert_eq!(
+        sweep_claims(&t.db, &strict, later)
+            .await
+            .unwrap()
+            .quarantined,
+        1
+    );
+    let err = guard.complete(None).await.unwrap_err();
+    assert!(matches!(err, ClaimError::Quarantined { .. }), "{err}");
+    let row = the_row(&t).await;
+    assert!(row.processed_at.is_none() && row.quarantined_at.is_some());
+    assert_eq!(dead_letter::Entity::find().count(&t.db).await.unwrap(), 1);
+}
+on_backends!(a_claim_quarantined_while_its_effect_ran_is_not_completed: sqlite, postgres);
+
+/// Leases far shorter than the webhook's answer, a busy sweeper and three
+/// consumer processes: claims are released, taken over and quarantined
+/// while effects run. Once every delivery is settled, each row is processed
+/// or quarantined (with its dead letter), never open and never both.
+async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
+    let (t, nats, js) = setup(backend).await;
+    let hook = WebhookServer::start(Duration::from_secs(1), 200).await;
+    let cfg = [
+        ("SEAWALL_CLAIM_LEASE_MS", "200"),
+        ("SEAWALL_SWEEP_INTERVAL_MS", "50"),
+        ("SEAWALL_ACK_WAIT_MS", "2000"),
+        ("SEAWALL_CLAIM_MAX_ATTEMPTS", "2"),
+    ];
+    let mut processes: Vec<_> = (0..3).map(|_| consume(&t, &nats, &hook, &cfg)).collect();
+    let ids: Vec<String> = (0..12).map(|i| format!("churn-{i}")).collect();
+    for id in &ids {
+        publish_event(&js, id).await;
+    }
+    wait_until(
+        "every delivery settled",
+        Duration::from_secs(90),
+        || async {
+            let Ok(mut c) = js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    "notify", "CREDITS",
+                )
+                .await
+            else {
+                return false;
+            };
+            let Ok(info) = c.info().await else {
+                return false;
+            };
+            info.num_ack_pending == 0
+                && info.num_pending == 0
+                && info.delivered.stream_sequence >= 12
+        },
+    )
+    .await;
+    let rows = inbox_message::Entity::find()
+        .filter(inbox_message::Column::Consumer.eq("notify"))
+        .all(&t.db)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), ids.len());
+    let mut quarantined = 0;
+    for row in &rows {
+        let processed = row.processed_at.is_some();
+        let parked = row.quarantined_at.is_some();
+        assert!(
+            processed != parked,
+            "{} ends exactly one way: {row:?}",
+            row.message_id
+        );
+        quarantined += u64::from(parked);
+    }
+    let letters = dead_letter::Entity::find()
+        .filter(dead_letter::Column::Consumer.eq("notify"))
+        .count(&t.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        letters, quarantined,
+        "one dead letter per quarantined claim"
+    );
+    for p in &mut processes {
+        assert!(p.terminate().await.success());
+        p.assert_no_panic();
+    }
+}
+on_backends!(claims_churned_by_short_leases_all_end_finished: sqlite, postgres);

@@ -1,0 +1,186 @@
+//! Replaying a dead letter reaches only the consumer that gave up on it, with
+//! the original message id and subject; other consumers of the subject, even
+//! one whose marker was pruned, never see it again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use entity::prelude::*;
+use entity::{dead_letter, inbox_message};
+use service::credits::{CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT};
+use service::inbox::handler;
+use service::{ConsumerName, Executor, HandlerError, Inbox, Registry};
+use worker::{Consumer, ConsumerConfig};
+
+use crate::helpers::{credits_stream, publish_credits, req};
+use crate::support::nats::NatsServer;
+use crate::support::{Backend, TestDb, wait_until};
+
+async fn markers(db: &sea_orm::DatabaseConnection, consumer: &str) -> u64 {
+    InboxMessage::find()
+        .filter(inbox_message::Column::Consumer.eq(consumer))
+        .filter(inbox_message::Column::MessageId.eq("r-1"))
+        .count(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
+    // A short duplicate window: a replay inside it is refused (409) as a
+    // copy of the original publish.
+    let t = TestDb::new(Backend::Sqlite).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &credits_stream(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    // `audit` refuses the message at first, so it dead-letters it; `credit`
+    // applies it.
+    let refuse = Arc::new(AtomicBool::new(true));
+    let audit = handler({
+        let refuse = refuse.clone();
+        move |_txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
+            let refused = refuse.load(Ordering::SeqCst);
+            let subject = env.subject.clone();
+            Box::pin(async move {
+                assert_eq!(
+                    subject, REQUESTED_SUBJECT,
+                    "the handler sees the original subject"
+                );
+                if refused {
+                    Err(HandlerError::Rejected("audit is closed".into()))
+                } else {
+                    Ok(())
+                }
+            })
+        }
+    });
+    let registry = Registry::new()
+        .register(
+            ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
+            REQUESTED_SUBJECT,
+            CreditHandler::default(),
+        )
+        .register(
+            ConsumerName::parse("audit").unwrap(),
+            REQUESTED_SUBJECT,
+            audit,
+        );
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let cancel = CancellationToken::new();
+    let mut replay_subjects = std::collections::HashMap::new();
+    let mut tasks = Vec::new();
+    for registration in registry.registrations() {
+        let consumer = Consumer::new(
+            inbox.clone(),
+            js.clone(),
+            registration.clone(),
+            ConsumerConfig::default(),
+        );
+        consumer.ensure().await.unwrap();
+        replay_subjects.insert(registration.consumer.to_string(), consumer.replay_subject());
+        let cancel = cancel.clone();
+        tasks.push(tokio::spawn(
+            async move { consumer.run(cancel).await.unwrap() },
+        ));
+    }
+
+    publish_credits(&js, &[("r-1".to_owned(), req("acct", 5))]).await;
+    wait_until(
+        "credit applied and audit dead-lettered",
+        Duration::from_secs(30),
+        || async {
+            Credit::find().count(&t.db).await.unwrap() == 1
+                && DeadLetter::find().count(&t.db).await.unwrap() == 1
+        },
+    )
+    .await;
+    // The credit consumer's marker is pruned, as retention eventually does.
+    InboxMessage::delete_many()
+        .filter(inbox_message::Column::Consumer.eq(CREDIT_CONSUMER))
+        .exec(&t.db)
+        .await
+        .unwrap();
+    refuse.store(false, Ordering::SeqCst);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let state = api::AppState {
+        db: t.db.clone(),
+        nats: None,
+        jetstream: Some(js.clone()),
+        relay_wake: Some(Arc::new(Notify::new())),
+        metrics: None,
+        config: Arc::new(api::ApiConfig {
+            replay_subjects,
+            ..api::ApiConfig::default()
+        }),
+    };
+    tokio::spawn(api::serve_listener(listener, state, cancel.clone()));
+    let letter = DeadLetter::find().one(&t.db).await.unwrap().unwrap();
+    assert_eq!(letter.consumer, "audit");
+    let http = reqwest::Client::new();
+    let replay = format!("{base}/api/v1/dead-letters/{}/replay", letter.id);
+    wait_until(
+        "the replay to be accepted after the window",
+        Duration::from_secs(10),
+        || async {
+            let res = http.post(&replay).send().await.unwrap();
+            let status = res.status().as_u16();
+            assert!(matches!(status, 200 | 409), "{}", res.text().await.unwrap());
+            status == 200
+        },
+    )
+    .await;
+
+    wait_until(
+        "audit to handle the replay",
+        Duration::from_secs(30),
+        || async { markers(&t.db, "audit").await == 1 },
+    )
+    .await;
+    wait_until(
+        "every consumer settled",
+        Duration::from_secs(30),
+        || async {
+            let stream = js.get_stream(CREDITS_STREAM).await.unwrap();
+            let mut settled = true;
+            for name in [CREDIT_CONSUMER, "audit"] {
+                let mut c: async_nats::jetstream::consumer::Consumer<
+                    async_nats::jetstream::consumer::pull::Config,
+                > = stream.get_consumer(name).await.unwrap();
+                let info = c.info().await.unwrap();
+                settled &= info.num_pending == 0 && info.num_ack_pending == 0;
+            }
+            settled
+        },
+    )
+    .await;
+    assert_eq!(
+        markers(&t.db, CREDIT_CONSUMER).await,
+        0,
+        "credit never saw the replay"
+    );
+    assert_eq!(
+        Credit::find().count(&t.db).await.unwrap(),
+        1,
+        "applied once"
+    );
+    let letter = dead_letter::Entity::find_by_id(letter.id)
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(letter.replayed_at.is_some());
+    cancel.cancel();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
