@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub database_url: String,
-    pub db_max_connections: u32,
+    pub db_max_connections: Option<u32>,
     pub nats_url: String,
     pub api_addr: SocketAddr,
     pub admin_token: Option<String>,
@@ -84,7 +84,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             database_url: "sqlite://seawall.db?mode=rwc".into(),
-            db_max_connections: 16,
+            db_max_connections: None,
             nats_url: "nats://127.0.0.1:4222".into(),
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: None,
@@ -116,6 +116,9 @@ impl Default for Settings {
 }
 
 const DAY_MS: u64 = 24 * 3600 * 1000;
+
+/// Pool of `migrate` and `load` when `db_max_connections` is unset.
+const DEFAULT_TOOL_POOL: u32 = 16;
 
 /// Loaded settings plus what the loader learnt about where they came from.
 #[derive(Debug, Clone)]
@@ -206,6 +209,12 @@ impl Settings {
         let broker = self.broker();
         let inbox = match self.inbox_retention_ms {
             Some(ms) => Duration::from_millis(ms),
+            None if broker.stream_max_age.is_zero() => {
+                return Err(invalid(
+                    "inbox_retention_ms",
+                    "stream_max_age_ms = 0 keeps messages in the stream forever, so no marker age is safe to prune at; give the stream a max age, or set inbox_retention_ms with allow_short_retention = true to prune anyway",
+                ));
+            }
             None => broker.inbox_retention(Duration::from_millis(self.retention_margin_ms)),
         };
         check_inbox_retention(inbox, &broker, self.allow_short_retention)
@@ -215,6 +224,47 @@ impl Settings {
             outbox: Duration::from_millis(self.outbox_retention_ms),
             batch_size: self.prune_batch_size,
         })
+    }
+
+    /// The database pool for a process running `roles`: every handler in
+    /// flight holds a connection for its transaction, every relay round in
+    /// flight one for its batch, and the `LISTEN`, sweeper, pruner and API
+    /// one each. A smaller pool makes them queue on each other until the
+    /// acquire timeout, which looks like an outage; so an explicit
+    /// `db_max_connections` below that is refused, and without one the pool
+    /// is sized from the settings.
+    pub fn pool_size(&self, roles: &crate::serve::Roles) -> Result<u32, ConfigError> {
+        let consumers = 1 + u32::from(self.notify_webhook_url.is_some());
+        let mut needed = 0u32;
+        if roles.consume {
+            let handlers = u32::try_from(self.consumer_concurrency).unwrap_or(u32::MAX);
+            needed = needed
+                .saturating_add(consumers.saturating_mul(handlers))
+                .saturating_add(2);
+        }
+        if roles.relay {
+            let rounds = u32::try_from(self.relay_concurrency).unwrap_or(u32::MAX);
+            needed = needed.saturating_add(rounds).saturating_add(1);
+        }
+        if roles.api {
+            needed = needed.saturating_add(2);
+        }
+        match self.db_max_connections {
+            Some(max) if max < needed => Err(invalid(
+                "db_max_connections",
+                format!(
+                    "{max} connections are fewer than this process needs: {needed} for consumer_concurrency = {} x {consumers} consumer(s), relay_concurrency = {} rounds, the LISTEN connection, sweeper, pruner and API; raise it, lower those, or leave it unset to size it from them",
+                    self.consumer_concurrency, self.relay_concurrency
+                ),
+            )),
+            Some(max) => Ok(max),
+            None => Ok(needed.max(1)),
+        }
+    }
+
+    /// The pool for short commands that run one thing at a time.
+    pub fn tool_pool_size(&self) -> u32 {
+        self.db_max_connections.unwrap_or(DEFAULT_TOOL_POOL)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -231,7 +281,7 @@ impl Settings {
                 "expected a URL like nats://127.0.0.1:4222",
             ));
         }
-        if self.db_max_connections == 0 {
+        if self.db_max_connections == Some(0) {
             return Err(invalid("db_max_connections", "must be at least 1"));
         }
         if self.ack_wait_ms == 0 {

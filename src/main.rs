@@ -86,7 +86,7 @@ async fn run() -> Result<()> {
     let settings = &loaded.settings;
     match cli.command {
         Command::Migrate => {
-            let db = connect(&settings.database_url, settings.db_max_connections).await?;
+            let db = connect(&settings.database_url, settings.tool_pool_size()).await?;
             migration::apply(&db).await.context("applying migrations")?;
             println!("migrations applied to {}", redact(&settings.database_url));
         }
@@ -121,8 +121,9 @@ async fn run() -> Result<()> {
                     api: true,
                 },
             };
+            let pool = settings.pool_size(&roles)?;
             let metrics = api::metrics::install().context("installing the metrics recorder")?;
-            let db = connect(&settings.database_url, settings.db_max_connections).await?;
+            let db = connect(&settings.database_url, pool).await?;
             serve::serve(settings, db, roles, Some(metrics)).await?;
         }
         Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
@@ -151,7 +152,7 @@ async fn run() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&stats)?);
         }
         Command::Load(args) => {
-            let db = connect(&settings.database_url, settings.db_max_connections).await?;
+            let db = connect(&settings.database_url, settings.tool_pool_size()).await?;
             migration::apply(&db).await.context("applying migrations")?;
             let summary = load::run(db, &args).await?;
             println!("{}", serde_json::to_string(&summary)?);

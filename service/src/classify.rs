@@ -11,6 +11,9 @@ use sea_orm::{DbErr, sqlx};
 /// Name of the unique index on (message_id, consumer).
 pub const INBOX_INDEX: &str = "ix_inbox_message_id_consumer";
 
+/// The inbox table, as MySQL 8 prefixes it to key names.
+const INBOX_TABLE: &str = "inbox_message";
+
 /// The column list SQLite prints when the inbox index rejects a row.
 const SQLITE_INBOX_COLUMNS: &str = "inbox_message.message_id, inbox_message.consumer";
 
@@ -230,12 +233,16 @@ fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
                 .rsplit_once("for key ")
                 .map(|(_, k)| k.trim().trim_matches(|c| c == '\'' || c == '`'))
                 .unwrap_or("unknown");
-            let name = key.rsplit('.').next().unwrap_or(key);
-            if name == INBOX_INDEX {
+            // Index names are per table in MySQL: an index of that name on
+            // another table is a business constraint, not the inbox.
+            let (table, name) = key
+                .rsplit_once('.')
+                .map_or((None, key), |(t, n)| (Some(t), n));
+            if name == INBOX_INDEX && table.is_none_or(|t| t == INBOX_TABLE) {
                 Failure::InboxDuplicate
             } else {
                 Failure::UniqueViolation {
-                    constraint: name.to_owned(),
+                    constraint: key.to_owned(),
                 }
             }
         }
@@ -343,6 +350,19 @@ mod tests {
             classify_shape(&mariadb),
             Failure::UniqueViolation {
                 constraint: "ix_credit_reference".into()
+            }
+        );
+        let same_name_elsewhere = db(
+            Engine::MySql,
+            "23000",
+            Some(1062),
+            None,
+            "Duplicate entry 'a-credit' for key 'audit_copy.ix_inbox_message_id_consumer'",
+        );
+        assert_eq!(
+            classify_shape(&same_name_elsewhere),
+            Failure::UniqueViolation {
+                constraint: "audit_copy.ix_inbox_message_id_consumer".into()
             }
         );
     }

@@ -193,8 +193,11 @@ pub fn message_id_from_headers(
         return MessageId::parse(id.as_str());
     }
     match (headers.get(HEADER_CE_SOURCE), headers.get(HEADER_CE_ID)) {
+        // The source's length goes first: a plain `{source}/{id}` would give
+        // source `a/b` + id `c` and source `a` + id `b/c` the same key, and
+        // the second message would be acked as a duplicate of the first.
         (Some(source), Some(id)) if !source.is_empty() && !id.is_empty() => {
-            MessageId::parse(format!("{source}/{id}"))
+            MessageId::parse(format!("{}:{source}/{id}", source.len()))
         }
         _ => Err(EnvelopeError::MissingMessageId),
     }
@@ -220,7 +223,20 @@ mod tests {
     #[test]
     fn cloudevents_source_and_id_form_the_key() {
         let h = headers(&[("ce-source", "/orders"), ("ce-id", "42")]);
-        assert_eq!(message_id_from_headers(&h).unwrap().as_str(), "/orders/42");
+        assert_eq!(
+            message_id_from_headers(&h).unwrap().as_str(),
+            "7:/orders/42"
+        );
+    }
+
+    #[test]
+    fn cloudevents_keys_cannot_collide_across_the_separator() {
+        let a = headers(&[("ce-source", "a/b"), ("ce-id", "c")]);
+        let b = headers(&[("ce-source", "a"), ("ce-id", "b/c")]);
+        assert_ne!(
+            message_id_from_headers(&a).unwrap(),
+            message_id_from_headers(&b).unwrap()
+        );
     }
 
     #[test]

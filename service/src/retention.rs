@@ -31,8 +31,13 @@ pub struct BrokerSettings {
 
 impl BrokerSettings {
     /// How long after first delivery the broker may still deliver a message:
-    /// ack wait x max deliveries + the stream's max age.
+    /// ack wait x max deliveries + the stream's max age. A max age of zero
+    /// is JetStream's "keep forever", so the horizon is unbounded
+    /// ([`Duration::MAX`]).
     pub fn redelivery_horizon(&self) -> Duration {
+        if self.stream_max_age.is_zero() {
+            return Duration::MAX;
+        }
         self.ack_wait
             .saturating_mul(self.max_deliver)
             .saturating_add(self.stream_max_age)

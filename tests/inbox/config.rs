@@ -63,3 +63,62 @@ fn migrate_is_idempotent() {
         );
     }
 }
+
+/// JetStream reads a max age of zero as "keep forever": markers must then
+/// not be pruned by a derived age, which would be the ack horizon alone.
+#[test]
+fn a_stream_kept_forever_needs_an_explicit_inbox_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+    let out = refused_at_start_up(
+        "api",
+        &[
+            ("SEAWALL_DATABASE_URL", &url),
+            ("SEAWALL_API_ADDR", "127.0.0.1:0"),
+            ("SEAWALL_STREAM_MAX_AGE_MS", "0"),
+        ],
+    );
+    fails_naming(&out, "inbox_retention_ms");
+    fails_naming(&out, "stream_max_age_ms = 0");
+}
+
+/// A pool smaller than the handlers and rounds in flight makes them queue
+/// on each other until the acquire timeout: refused, naming the keys.
+#[test]
+fn a_pool_smaller_than_the_work_in_flight_stops_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+    let out = refused_at_start_up(
+        "consume",
+        &[
+            ("SEAWALL_DATABASE_URL", &url),
+            ("SEAWALL_NATS_URL", "nats://127.0.0.1:1"),
+            ("SEAWALL_DB_MAX_CONNECTIONS", "4"),
+        ],
+    );
+    fails_naming(&out, "db_max_connections");
+    fails_naming(&out, "consumer_concurrency");
+}
+
+/// Runs `seawall <command>` and returns its output once it exits. Start-up
+/// either refuses at once or goes on to serve; a process still running after
+/// a generous bound has accepted the settings, and the test fails.
+fn refused_at_start_up(command: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
+    cmd.arg(command)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("seawall {command} accepted settings it should refuse: {env:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}

@@ -107,6 +107,8 @@ pub struct Relay {
     config: RelayConfig,
     wake: Arc<Notify>,
     fault_after_puback: bool,
+    /// Numbers the rounds, so each holds its lease under its own owner name.
+    rounds: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Relay {
@@ -126,6 +128,7 @@ impl Relay {
             config,
             wake,
             fault_after_puback,
+            rounds: Arc::default(),
         }
     }
 
@@ -141,7 +144,14 @@ impl Relay {
     pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
         let started = std::time::Instant::now();
         let report = if self.db.get_database_backend() == DbBackend::Sqlite {
-            let me = self.config.instance.as_str();
+            // One owner per round: rounds in flight side by side must not
+            // release or mark each other's rows (after a slow round's lease
+            // ran out, another round may hold them).
+            let round = self
+                .rounds
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let owner = format!("{}#{round}", self.config.instance);
+            let me = owner.as_str();
             let rows =
                 store::claim(&self.db, me, self.config.lease, self.config.batch_size).await?;
             let (report, released) = self
