@@ -107,6 +107,7 @@ class Soak:
             # was killed (or after a PubAck lost in a NATS outage) must land
             # inside the window, with room for the retry backoff.
             "SEAWALL_RELAY_LEASE_MS": str(self.args.window_ms // 10),
+            "SEAWALL_RELAY_RETRY_MAX_MS": str(self.args.window_ms // 4),
             "SEAWALL_ACK_WAIT_MS": str(self.args.ack_wait_ms),
             "SEAWALL_MAX_DELIVER": "50",
             "SEAWALL_STREAM_MAX_AGE_MS": "86400000",

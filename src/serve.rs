@@ -122,10 +122,11 @@ pub async fn serve(
     };
     let js = jetstream::new(client.clone());
     let lease = Duration::from_millis(settings.relay_lease_ms);
+    let retry_max = Duration::from_millis(settings.relay_retry_max_ms);
     if workers {
         for spec in streams(settings) {
             worker::ensure_stream(&js, &spec).await?;
-            worker::check_duplicate_window(&js, &spec.name, lease).await?;
+            worker::check_duplicate_window(&js, &spec.name, lease, retry_max).await?;
         }
     }
     let wake = Arc::new(Notify::new());
@@ -142,6 +143,7 @@ pub async fn serve(
                 concurrency: settings.relay_concurrency,
                 poll_interval: Duration::from_millis(settings.relay_poll_ms),
                 max_attempts: i32::try_from(settings.relay_max_attempts).unwrap_or(i32::MAX),
+                retry_max,
                 ..RelayConfig::default()
             },
             wake.clone(),

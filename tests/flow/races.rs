@@ -96,6 +96,7 @@ async fn copies_past_the_broker_dedupe_window_are_applied_once() {
     let cfg = [
         ("SEAWALL_DUPLICATE_WINDOW_MS", "100"),
         ("SEAWALL_RELAY_LEASE_MS", "90"),
+        ("SEAWALL_RELAY_RETRY_MAX_MS", "10"),
     ];
     let mut a = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &cfg));
     let mut b = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &cfg));

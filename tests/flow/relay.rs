@@ -86,6 +86,25 @@ async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(bac
     assert!(relay.terminate().await.success());
     relay.assert_no_panic();
 }
+
+/// The window must also cover the retry backoff: a row whose PubAck was lost
+/// although the stream stored it is published again after its backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_window_shorter_than_lease_plus_retry_backoff_stops_startup() {
+    let t = TestDb::new(Backend::Sqlite).await;
+    let nats = NatsServer::start().await;
+    let cfg = [
+        ("SEAWALL_DUPLICATE_WINDOW_MS", "30000"),
+        ("SEAWALL_RELAY_LEASE_MS", "5000"),
+        ("SEAWALL_RELAY_RETRY_MAX_MS", "60000"),
+    ];
+    let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &cfg));
+    let exited = tokio::time::timeout(Duration::from_secs(20), relay.wait()).await;
+    let status = exited.expect("start-up accepted a window shorter than lease + retry backoff");
+    assert!(!status.success());
+    let log = relay.log_text();
+    assert!(log.contains("SEAWALL_RELAY_RETRY_MAX_MS"), "{log}");
+}
 on_backends!(a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing: sqlite, postgres);
 
 /// On PostgreSQL a batch is held by row locks in the relay's open

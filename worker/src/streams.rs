@@ -33,15 +33,19 @@ pub enum StreamError {
     },
     /// The dedupe window would let a republished row through.
     #[error(
-        "stream {name} has a duplicate window of {window:?}, shorter than the relay lease of {lease:?}: a row republished after a relay crash could be delivered twice; raise SEAWALL_DUPLICATE_WINDOW_MS or lower the lease"
+        "stream {name} has a duplicate window of {window:?}, shorter than the longest a published row can wait to be marked ({longest:?}: the relay lease of {lease:?}, which also bounds a round, plus the longest publish retry backoff of {retry_max:?}): a row republished after a relay crash or a lost PubAck could be delivered twice; raise SEAWALL_DUPLICATE_WINDOW_MS or lower SEAWALL_RELAY_LEASE_MS / SEAWALL_RELAY_RETRY_MAX_MS"
     )]
     WindowTooShort {
         /// Stream.
         name: String,
         /// Its configured window.
         window: Duration,
+        /// Lease plus retry backoff.
+        longest: Duration,
         /// The relay lease.
         lease: Duration,
+        /// The relay's longest retry backoff.
+        retry_max: Duration,
     },
 }
 
@@ -77,7 +81,10 @@ pub async fn ensure_stream(
 }
 
 /// Reads the stream's configured duplicate window back and refuses one
-/// shorter than `lease` (rows are republished only after their lease ran out).
+/// shorter than the longest a row can stay published but unmarked: a crashed
+/// relay's rows are republished once its lease runs out (on PostgreSQL the
+/// lease bounds the round that holds them), and a row whose PubAck was lost
+/// although the stream stored it is republished after its retry backoff.
 ///
 /// # Errors
 /// [`StreamError::WindowTooShort`], or [`StreamError::Provision`] if the stream
@@ -86,6 +93,7 @@ pub async fn check_duplicate_window(
     js: &jetstream::Context,
     name: &str,
     lease: Duration,
+    retry_max: Duration,
 ) -> Result<Duration, StreamError> {
     let mut stream = js
         .get_stream(name)
@@ -99,11 +107,14 @@ pub async fn check_duplicate_window(
         message: e.to_string(),
     })?;
     let window = info.config.duplicate_window;
-    if window < lease {
+    let longest = lease.saturating_add(retry_max);
+    if window < longest {
         return Err(StreamError::WindowTooShort {
             name: name.to_owned(),
             window,
+            longest,
             lease,
+            retry_max,
         });
     }
     Ok(window)

@@ -39,6 +39,8 @@ pub struct RelayConfig {
     /// another's publishing instead of the two taking turns.
     pub concurrency: usize,
     /// How long a claim is exclusive; a crashed relay's rows wait this long.
+    /// On PostgreSQL it also bounds a round: a batch held longer is given
+    /// back, so no row stays published but unmarked for longer.
     pub lease: Duration,
     /// Failed publishes before a row is marked dead.
     pub max_attempts: i32,
@@ -97,6 +99,12 @@ pub enum RelayError {
     /// The database failed.
     #[error("outbox relay database error: {0}")]
     Database(#[from] DbErr),
+    /// A round held its batch longer than the lease and gave it back.
+    #[error("relay round took longer than its lease of {limit:?}; its batch was given back")]
+    RoundTimedOut {
+        /// The lease.
+        limit: Duration,
+    },
 }
 
 /// Publishes outbox rows to JetStream.
@@ -162,8 +170,17 @@ impl Relay {
         } else {
             let txn = self.db.begin().await?;
             let rows = store::lock(&txn, self.config.batch_size).await?;
-            // Rows left unpublished are released by the commit.
-            let (report, _) = self.publish_and_record(&txn, None, rows, started).await?;
+            // Rows left unpublished are released by the commit; a round over
+            // its lease rolls back, freeing its rows for the next round.
+            let recorded = tokio::time::timeout(
+                self.config.lease,
+                self.publish_and_record(&txn, None, rows, started),
+            )
+            .await
+            .map_err(|_| RelayError::RoundTimedOut {
+                limit: self.config.lease,
+            })?;
+            let (report, _) = recorded?;
             txn.commit().await?;
             report
         };
