@@ -28,6 +28,7 @@ pub struct Settings {
     pub duplicate_window_ms: u64,
     pub demo_work_ms: u64,
     pub notify_webhook_url: Option<String>,
+    pub webhook_ca_file: Option<std::path::PathBuf>,
     pub relay_lease_ms: u64,
     pub relay_batch_size: u64,
     pub relay_concurrency: usize,
@@ -62,6 +63,7 @@ const KEYS: &[&str] = &[
     "duplicate_window_ms",
     "demo_work_ms",
     "notify_webhook_url",
+    "webhook_ca_file",
     "relay_lease_ms",
     "relay_batch_size",
     "relay_concurrency",
@@ -96,6 +98,7 @@ impl Default for Settings {
             duplicate_window_ms: 120_000,
             demo_work_ms: 0,
             notify_webhook_url: None,
+            webhook_ca_file: None,
             relay_lease_ms: 30_000,
             relay_batch_size: 500,
             relay_concurrency: 2,
@@ -325,6 +328,14 @@ impl Settings {
             return Err(invalid(
                 "notify_webhook_url",
                 "must be an http:// or https:// URL",
+            ));
+        }
+        if let Some(path) = &self.webhook_ca_file
+            && !path.is_file()
+        {
+            return Err(invalid(
+                "webhook_ca_file",
+                format!("{} is not a readable file", path.display()),
             ));
         }
         Ok(())

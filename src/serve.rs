@@ -45,7 +45,7 @@ pub fn registry(settings: &Settings) -> Result<Registry> {
         registry = registry.register_effect(
             ConsumerName::parse(NOTIFY_CONSUMER)?,
             APPLIED_SUBJECT,
-            Webhook::new(url.clone()).context("building the webhook client")?,
+            Webhook::new(url.clone(), settings.webhook_ca_file.as_deref())?,
             claim_policy(settings),
         );
     }

@@ -262,3 +262,40 @@ async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend)
     p.assert_no_panic();
 }
 on_backends!(a_claim_failing_too_often_is_quarantined_for_a_person: sqlite, postgres);
+
+/// HTTPS receivers with a company CA: with the CA file the webhook is called
+/// once; a CA file that does not exist stops start-up naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_https_webhook_signed_by_a_private_ca_is_called() {
+    let (t, nats, js) = setup(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    let hook = WebhookServer::start_tls(&ca).await;
+    let ca_path = ca.to_str().unwrap().to_owned();
+    let mut p = consume(&t, &nats, &hook, &[("SEAWALL_WEBHOOK_CA_FILE", &ca_path)]);
+    publish_event(&js, "evt-tls").await;
+    wait_until("the HTTPS call", Duration::from_secs(30), || {
+        completed(&t, "evt-tls")
+    })
+    .await;
+    assert_eq!(hook.calls().get("evt-tls"), Some(&1));
+    assert!(p.terminate().await.success());
+    p.assert_no_panic();
+
+    let missing = dir.path().join("missing.pem");
+    let mut refused = consume(
+        &t,
+        &nats,
+        &hook,
+        &[("SEAWALL_WEBHOOK_CA_FILE", missing.to_str().unwrap())],
+    );
+    let status = tokio::time::timeout(Duration::from_secs(20), refused.wait())
+        .await
+        .expect("start-up refuses a missing CA file");
+    assert!(!status.success());
+    assert!(
+        refused.log_text().contains("webhook_ca_file"),
+        "{}",
+        refused.log_text()
+    );
+}

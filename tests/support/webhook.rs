@@ -53,6 +53,42 @@ impl WebhookServer {
         Self { inner, url, task }
     }
 
+    /// Answers 200 over HTTPS at `https://localhost:<port>/hook`, with a
+    /// certificate from a CA generated here; writes that CA's certificate
+    /// (PEM) to `ca_pem`.
+    pub async fn start_tls(ca_pem: &std::path::Path) -> Self {
+        let inner = Arc::new(Inner {
+            status: 200,
+            ..Inner::default()
+        });
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://localhost:{}/hook",
+            tcp.local_addr().unwrap().port()
+        );
+        let (ca, leaf, leaf_key) = certificates();
+        std::fs::write(ca_pem, ca).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf], leaf_key)
+        .unwrap();
+        let listener = TlsListener {
+            tcp,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        };
+        let app = Router::new()
+            .route("/hook", post(receive))
+            .with_state(inner.clone());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self { inner, url, task }
+    }
+
     /// Calls per idempotency key.
     pub fn calls(&self) -> HashMap<String, usize> {
         self.inner.calls.lock().unwrap().clone()
@@ -60,6 +96,57 @@ impl WebhookServer {
 
     pub fn total_calls(&self) -> usize {
         self.calls().values().sum()
+    }
+}
+
+/// A CA (PEM) and a certificate for `localhost` it signed, with its key.
+fn certificates() -> (
+    String,
+    rustls::pki_types::CertificateDer<'static>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "seawall test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
+    (ca_cert.pem(), leaf.der().clone(), key)
+}
+
+/// TLS on top of a TCP listener, for `axum::serve`.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            // A client that rejects the certificate ends its handshake here.
+            if let Ok(tls) = self.acceptor.accept(stream).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
     }
 }
 
