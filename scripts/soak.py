@@ -2,10 +2,20 @@
 broken on purpose while traffic flows, checked by an independent checker.
 
 Topology: PostgreSQL (from scripts/services), a 3-node NATS JetStream cluster
-on loopback with R3 streams, 4 `seawall consume`, 2 `seawall relay`, 1
-`seawall api`. Load comes from this script's own publisher (nats-py, not
-seawall's code). The checker reads PostgreSQL with psql and the stream with
-nats-py. Exits non-zero on any broken invariant.
+on loopback with R3 streams, 4 `seawall consume` (the last one reaches
+PostgreSQL through this script's TCP proxy, which can cut a connection right
+after it forwards a COMMIT), 2 `seawall relay`, 1 `seawall api`, and a
+webhook receiver for the `notify` consumer's two-phase claims. Load comes from
+this script's own publisher (nats-py, not seawall's code). The checker reads
+PostgreSQL with psql and the stream with nats-py. Exits non-zero on any broken
+invariant.
+
+Faults: kill -9 of a consumer or relay; a NATS node stop; a PostgreSQL
+restart; SIGSTOP of a consumer past the ack wait; a kill -9 of a consumer
+while it holds redeliveries (the last allowed ones under a low
+--max-deliver); poison rows written into outbox_message by SQL; a window in
+which one consumer's handler is slower than the ack wait; COMMITs cut by the
+proxy.
 
     python3 scripts/soak.py --seawall target/release/seawall --messages 100000
 """
@@ -19,8 +29,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import nats
 from nats.js.api import StreamConfig
@@ -30,6 +42,39 @@ PG_BIN = "/usr/lib/postgresql/15/bin"
 
 def now():
     return time.monotonic()
+
+
+class Webhook:
+    """The notify consumer's receiver: answers 200 and remembers each
+    Idempotency-Key it saw."""
+
+    def __init__(self, port):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/hook"
+        self.keys = set()
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(length)
+                outer.keys.add(self.headers.get("Idempotency-Key", ""))
+                outer.calls += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+
+    def start(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
 
 
 class Soak:
@@ -49,6 +94,12 @@ class Soak:
         self.api_port = base + 300
         self.db = f"soak_{int(time.time())}"
         self.db_url = f"{args.pg_url}/{self.db}"
+        self.proxy_port = base + 301
+        self.proxied_db_url = f"{args.pg_url.rsplit(':', 1)[0]}:{self.proxy_port}/{self.db}"
+        self.cut_commits = 0  # COMMITs the proxy still has to cut
+        self.commits_cut = 0
+        self.webhook = Webhook(base + 302)
+        self.extra_env = {}  # per process name, for the slow-handler window
 
     def log(self, event, detail=""):
         t = now() - self.t0
@@ -96,10 +147,11 @@ class Soak:
                 await asyncio.sleep(0.5)
 
     # ---- seawall processes ---------------------------------------------
-    def env(self):
+    def env(self, name=""):
         env = dict(os.environ)
         env.update({
-            "SEAWALL_DATABASE_URL": self.db_url,
+            # The last consumer goes through the proxy that cuts COMMITs.
+            "SEAWALL_DATABASE_URL": self.proxied_db_url if name == "consume4" else self.db_url,
             "SEAWALL_NATS_URL": self.nats_url,
             "SEAWALL_STREAM_REPLICAS": "3",
             "SEAWALL_DUPLICATE_WINDOW_MS": str(self.args.window_ms),
@@ -109,19 +161,22 @@ class Soak:
             "SEAWALL_RELAY_LEASE_MS": str(self.args.window_ms // 10),
             "SEAWALL_RELAY_RETRY_MAX_MS": str(self.args.window_ms // 4),
             "SEAWALL_ACK_WAIT_MS": str(self.args.ack_wait_ms),
-            "SEAWALL_MAX_DELIVER": "50",
+            "SEAWALL_MAX_DELIVER": str(self.args.max_deliver),
+            "SEAWALL_NOTIFY_WEBHOOK_URL": self.webhook.url,
+            "SEAWALL_CLAIM_LEASE_MS": str(self.args.ack_wait_ms),
             "SEAWALL_STREAM_MAX_AGE_MS": "86400000",
             "SEAWALL_RELAY_POLL_MS": "200",
             "SEAWALL_API_ADDR": f"127.0.0.1:{self.api_port}",
             "SEAWALL_LOG": "info",
         })
+        env.update(self.extra_env.get(name, {}))
         return env
 
     def spawn(self, name, command):
         path = os.path.join(self.dir, f"{name}.log")
         log = open(path, "ab")
         self.logs[name] = path
-        self.procs[name] = subprocess.Popen([self.args.seawall, command], env=self.env(), stdout=log, stderr=log)
+        self.procs[name] = subprocess.Popen([self.args.seawall, command], env=self.env(name), stdout=log, stderr=log)
 
     def readyz(self):
         try:
@@ -183,15 +238,119 @@ class Soak:
         self.log("resume", f"SIGCONT {name}")
         self.wait_ready(f"SIGSTOP {name}", started)
 
+    def fault_lastkill(self):
+        """Freezes one consumer past the ack wait, so its deliveries go to the
+        others as redeliveries (the last allowed ones under a low
+        --max-deliver), then kills one of those others while it holds them."""
+        frozen, victim = self.frng.sample([n for n in self.procs if n.startswith("consume")], 2)
+        started = now()
+        self.procs[frozen].send_signal(signal.SIGSTOP)
+        time.sleep(self.args.ack_wait_ms / 1000 + 0.5)
+        self.procs[victim].send_signal(signal.SIGKILL)
+        self.procs[victim].wait()
+        self.procs[frozen].send_signal(signal.SIGCONT)
+        self.log("fault", f"kill -9 {victim} while it held {frozen}'s redeliveries")
+        self.spawn(victim, "consume")
+        self.restarts += 1
+        self.wait_ready(f"kill -9 {victim} on redeliveries", started)
+
+    def fault_poison(self):
+        """Rows a buggy service or a manual fix could write: async-nats would
+        panic on each of them."""
+        started = now()
+        rows = [("poison-space-name", '{"bad name": "v"}'), ("poison-crlf-value", '{"x-note": "a\\r\\nb"}'),
+                ("poison-newline-id" + "\n" + "x", "{}"), ("poison-array", '["x"]')]
+        for message_id, headers in rows:
+            escaped = message_id.replace("'", "''").replace("\n", "' || chr(10) || '")
+            self.psql("INSERT INTO outbox_message (message_id, subject, payload, headers, created_at, attempts, next_attempt_at) "
+                      f"VALUES ('{escaped}', 'credits.applied', '\\x7b7d', '{headers}', now(), 0, now())")
+        self.poison_rows += len(rows)
+        self.log("fault", f"{len(rows)} poison rows written into outbox_message")
+        self.wait_ready("poison rows", started)
+
+    def fault_slow(self):
+        """One consumer's handler slower than the ack wait for a while: its
+        in-progress acks must keep its deliveries from racing themselves."""
+        name = self.frng.choice([n for n in self.procs if n.startswith("consume")])
+        started = now()
+        work_ms = self.args.ack_wait_ms + 1000
+        self.restart_with(name, {"SEAWALL_DEMO_WORK_MS": str(work_ms)})
+        self.log("fault", f"{name} handles each message in {work_ms} ms (ack wait {self.args.ack_wait_ms} ms)")
+        time.sleep(2 * work_ms / 1000)
+        self.restart_with(name, {})
+        self.log("restore", f"{name} at normal speed")
+        self.wait_ready(f"slow handler in {name}", started)
+
+    def restart_with(self, name, env):
+        self.procs[name].send_signal(signal.SIGTERM)
+        try:
+            self.procs[name].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.log("fault", f"{name} did not stop within 60 s of SIGTERM; killing it")
+            self.procs[name].kill()
+            self.procs[name].wait()
+        self.extra_env[name] = env
+        self.spawn(name, "consume")
+        self.restarts += 1
+
+    def fault_commit(self):
+        """The proxy in front of consume4 cuts the connection right after
+        forwarding each of the next COMMITs: committed, never confirmed."""
+        started = now()
+        self.cut_commits += 5
+        deadline = now() + 30
+        while self.cut_commits > 0 and now() < deadline:
+            time.sleep(0.1)
+        self.log("fault", f"COMMITs cut by the proxy so far: {self.commits_cut}")
+        self.wait_ready("cut COMMITs", started)
+
+    FAULTS = ("nats", "pg", "pause", "lastkill", "poison", "slow", "commit")
+
     def run_faults(self, duration, stop):
-        plan = ["kill"] * self.args.kills + [f for f in ("nats", "pg", "pause") if f in self.args.faults]
+        plan = ["kill"] * self.args.kills + [f for f in self.FAULTS if f in self.args.faults.split(",")]
         self.frng.shuffle(plan)
         gap = max(duration / (len(plan) + 1), 1.0)
+        actions = {"kill": self.fault_kill, "nats": self.fault_nats, "pg": self.fault_pg, "pause": self.fault_pause,
+                   "lastkill": self.fault_lastkill, "poison": self.fault_poison, "slow": self.fault_slow,
+                   "commit": self.fault_commit}
         for fault in plan:
             deadline = now() + self.frng.uniform(0.5, 1.5) * gap
             while now() < deadline and not stop():
                 time.sleep(0.1)
-            {"kill": self.fault_kill, "nats": self.fault_nats, "pg": self.fault_pg, "pause": self.fault_pause}[fault]()
+            actions[fault]()
+
+    # ---- the COMMIT-cutting proxy ------------------------------------------
+    async def start_proxy(self):
+        upstream_host, upstream_port = self.args.pg_url.split("@")[-1].split(":")
+
+        async def pipe(reader, writer, watch_commits, other):
+            try:
+                while True:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    writer.write(data)
+                    await writer.drain()
+                    if watch_commits and b"COMMIT" in data and self.cut_commits > 0:
+                        self.cut_commits -= 1
+                        self.commits_cut += 1
+                        break
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+                other.close()
+
+        async def handle(client_reader, client_writer):
+            try:
+                server_reader, server_writer = await asyncio.open_connection(upstream_host, int(upstream_port))
+            except OSError:
+                client_writer.close()
+                return
+            await asyncio.gather(pipe(client_reader, server_writer, True, client_writer),
+                                 pipe(server_reader, client_writer, False, server_writer))
+
+        self.proxy = await asyncio.start_server(handle, "127.0.0.1", self.proxy_port)
 
     # ---- load ------------------------------------------------------------
     def plan_messages(self):
@@ -270,11 +429,16 @@ class Soak:
         return [line.split("\t") for line in out.splitlines() if line]
 
     async def consumer_state(self):
+        """Messages pending or unacknowledged, summed over both consumers."""
         nc = await nats.connect(servers=self.nats_url.split(","))
         js = nc.jetstream()
-        info = await js.consumer_info("CREDITS", "credit")
+        pending = ack_pending = 0
+        for name in ("credit", "notify"):
+            info = await js.consumer_info("CREDITS", name)
+            pending += info.num_pending
+            ack_pending += info.num_ack_pending
         await nc.close()
-        return info.num_pending, info.num_ack_pending
+        return pending, ack_pending
 
     async def wait_drained(self, expected_credits, timeout):
         """Waits until every valid message is credited, the outbox is empty and
@@ -285,7 +449,7 @@ class Soak:
         while now() < deadline:
             try:
                 credits = int(self.psql("SELECT count(*) FROM credit")[0][0])
-                pending = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL")[0][0])
+                pending = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL AND dead_at IS NULL")[0][0])
                 num_pending, ack_pending = await self.consumer_state()
                 if credits >= expected_credits and pending == 0 and num_pending == 0 and ack_pending == 0:
                     return True
@@ -345,20 +509,40 @@ class Soak:
         no_id = sum(1 for row in dead if not row[0])
         expect(no_id >= len(missing), f"every id-less message is dead-lettered ({no_id} rows for {len(missing)} messages)")
         expect(dead_ids <= malformed_ids, f"nothing else is dead-lettered ({len(dead_ids - malformed_ids)} others)")
-        unpublished = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL")[0][0])
-        outbox_rows = int(self.psql("SELECT count(*) FROM outbox_message")[0][0])
+        letters_by = dict(self.psql("SELECT consumer, count(*) FROM dead_letter GROUP BY consumer"))
+        expect(set(letters_by) <= {"credit"}, f"only the credit consumer dead-letters (malformed input): {letters_by}")
+        unpublished = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL AND message_id NOT LIKE 'poison-%'")[0][0])
+        outbox_rows = int(self.psql("SELECT count(*) FROM outbox_message WHERE message_id NOT LIKE 'poison-%'")[0][0])
         expect(unpublished == 0, f"every outbox row is published ({unpublished} are not)")
+        poison = self.psql("SELECT count(*), count(*) FILTER (WHERE dead_at IS NOT NULL AND published_at IS NULL AND last_error IS NOT NULL) "
+                           "FROM outbox_message WHERE message_id LIKE 'poison-%'")[0]
+        expect(int(poison[0]) == self.poison_rows == int(poison[1]),
+               f"every poison row ends dead with its error, unpublished ({poison[1]}/{self.poison_rows})")
         total, counts, replicas = await self.applied_events()
         repeated = sum(1 for n in counts.values() if n > 1)
         expect(replicas == 3, f"the stream is replicated R{replicas}")
         expect(total == outbox_rows and repeated == 0,
                f"credits.applied holds exactly one message per event ({total} messages, {outbox_rows} events, {repeated} repeated)")
+        open_claims = int(self.psql("SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND processed_at IS NULL "
+                                    "AND quarantined_at IS NULL AND (lease_until IS NULL OR lease_until < now())")[0][0])
+        expect(open_claims == 0, f"no claim is left open without a live owner ({open_claims} are)")
+        both = int(self.psql("SELECT count(*) FROM inbox_message WHERE processed_at IS NOT NULL AND quarantined_at IS NOT NULL")[0][0])
+        expect(both == 0, f"no claim is both processed and quarantined ({both} are)")
+        notified = int(self.psql("SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND processed_at IS NOT NULL")[0][0])
+        missed = [k for k in (row[0] for row in self.psql("SELECT message_id FROM outbox_message WHERE published_at IS NOT NULL"))
+                  if k not in self.webhook.keys]
+        expect(notified == outbox_rows and not missed,
+               f"every event's webhook call is recorded ({notified}/{outbox_rows}; {len(missed)} never reached the receiver)")
+        if "commit" in self.args.faults.split(","):
+            expect(self.commits_cut > 0, f"the proxy cut COMMITs ({self.commits_cut})")
         panics = [name for name, path in self.logs.items() if "panicked" in open(path, errors="replace").read()]
         expect(not panics, f"no process panicked ({panics})")
-        planned = self.args.kills + len([f for f in ("nats", "pg", "pause") if f in self.args.faults])
+        planned = self.args.kills + len([f for f in self.FAULTS if f in self.args.faults.split(",")])
         expect(len(self.recoveries) >= planned, f"readyz answered after each fault ({len(self.recoveries)} recoveries)")
         return failures, {"credits": len(credits), "valid": len(valid_ids), "malformed": len(malformed), "missing_id": len(missing),
-                          "dead_letters": len(dead), "outbox_rows": outbox_rows, "applied_events": total}
+                          "dead_letters": len(dead), "outbox_rows": outbox_rows, "applied_events": total,
+                          "poison_rows": self.poison_rows, "commits_cut": self.commits_cut, "webhook_calls": self.webhook.calls,
+                          "notified": notified}
 
     def throughput(self):
         rows = self.psql("SELECT (extract(epoch FROM created_at)::bigint / 10) * 10 AS b, count(*) FROM credit GROUP BY b ORDER BY b")
@@ -382,13 +566,17 @@ class Soak:
         for p in self.nats_nodes.values():
             p.terminate()
             p.wait()
+        self.webhook.stop()
 
     async def main(self):
         a = self.args
         # Separate generators: the fault thread must not change the load.
         self.rng = random.Random(a.seed)
         self.frng = random.Random(a.seed + 1)
+        self.poison_rows = 0
         self.log("start", f"{a.messages} messages, seed {a.seed}, dir {self.dir}")
+        await self.start_proxy()
+        self.webhook.start()
         port = a.pg_url.rsplit(":", 1)[1]
         for sql in [f"CREATE DATABASE {self.db}",
                     # The test cluster runs with synchronous_commit=off for speed; an
@@ -465,7 +653,9 @@ def parse():
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--rate", type=float, default=500.0, help="messages per second published")
     p.add_argument("--kills", type=int, default=10)
-    p.add_argument("--faults", default="nats,pg,pause", help="which of nats,pg,pause to inject (kills: --kills)")
+    p.add_argument("--faults", default=",".join(Soak.FAULTS),
+                   help="which of " + ",".join(Soak.FAULTS) + " to inject (kills: --kills)")
+    p.add_argument("--max-deliver", type=int, default=5, help="SEAWALL_MAX_DELIVER: the app's give-up point")
     p.add_argument("--outage", type=float, default=3.0, help="seconds a NATS node stays down")
     p.add_argument("--window-ms", type=int, default=20_000, help="JetStream duplicate window")
     p.add_argument("--ack-wait-ms", type=int, default=3_000)

@@ -81,6 +81,9 @@ async fn run() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // reqwest (webhooks, the API bench) uses rustls without a provider of its
+    // own; ring is the one sqlx and async-nats already build.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let loaded = config::load(cli.config.as_deref())?;
     let settings = &loaded.settings;

@@ -35,7 +35,7 @@ async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
         ("SEAWALL_ADMIN_TOKEN", TOKEN.to_owned()),
     ];
     let mut run = Seawall::spawn(&["run"], &env);
-    let http = reqwest::Client::new();
+    let http = crate::support::http_client();
     wait_until("the API to answer", Duration::from_secs(30), || async {
         http.get(format!("{base}/readyz"))
             .send()

@@ -55,7 +55,7 @@ impl TestApi {
         Self {
             t,
             base,
-            http: reqwest::Client::new(),
+            http: crate::support::http_client(),
             cancel,
         }
     }

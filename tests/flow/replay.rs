@@ -126,7 +126,7 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
     tokio::spawn(api::serve_listener(listener, state, cancel.clone()));
     let letter = DeadLetter::find().one(&t.db).await.unwrap().unwrap();
     assert_eq!(letter.consumer, "audit");
-    let http = reqwest::Client::new();
+    let http = crate::support::http_client();
     let replay = format!("{base}/api/v1/dead-letters/{}/replay", letter.id);
     wait_until(
         "the replay to be accepted after the window",

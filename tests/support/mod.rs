@@ -124,6 +124,14 @@ pub fn credit_envelope(id: &str, account: &str, amount: i64, reference: Option<&
     )
 }
 
+/// An HTTP client. seawall's reqwest uses rustls without a built-in crypto
+/// provider (the binary installs ring, which the tree already has); tests
+/// install the same before their first client.
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
 /// Polls `check` until it is true, failing the test after `timeout`.
 pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
