@@ -347,8 +347,13 @@ class Soak:
             except OSError:
                 client_writer.close()
                 return
-            await asyncio.gather(pipe(client_reader, server_writer, True, client_writer),
-                                 pipe(server_reader, client_writer, False, server_writer))
+            try:
+                await asyncio.gather(pipe(client_reader, server_writer, True, client_writer),
+                                     pipe(server_reader, client_writer, False, server_writer))
+            except asyncio.CancelledError:
+                # The soak is ending; its connections end with it.
+                client_writer.close()
+                server_writer.close()
 
         self.proxy = await asyncio.start_server(handle, "127.0.0.1", self.proxy_port)
 
