@@ -154,6 +154,20 @@ pub async fn replay_dead_letter(
             "replay needs NATS, which this API process is not connected to".into(),
         )
     })?;
+    if let Some(claim) = service::claim::quarantined(&state.db, &message_id, &m.consumer).await? {
+        return Err(ApiError::Conflict(format!(
+            "consumer {:?} has quarantined its claim on message {message_id}; a replay would be terminated again. Release it first (POST /api/v1/inbox/{claim}/release) if the effect did not happen",
+            m.consumer
+        )));
+    }
+    if service::outbox::check_message_id(&message_id).is_err()
+        || m.subject.is_empty()
+        || m.subject.contains(char::is_whitespace)
+    {
+        return Err(ApiError::Conflict(format!(
+            "dead letter {id} has a message id or subject NATS cannot carry; fix or delete it"
+        )));
+    }
     let replay_subject = state
         .config
         .replay_subjects

@@ -161,7 +161,10 @@ impl ClaimGuard {
     /// # Errors
     /// [`ClaimError::LeaseLost`] if another instance holds the claim under a
     /// live lease, [`ClaimError::Quarantined`] if it was quarantined.
-    pub async fn complete(self, result: Option<String>) -> Result<(), ClaimError> {
+    ///
+    /// It takes `&self` so a caller can try again with the same guard after
+    /// a database error: the effect is done and only its record is missing.
+    pub async fn complete(&self, result: Option<String>) -> Result<(), ClaimError> {
         let now = Utc::now();
         let record = |condition: Condition| {
             inbox_message::Entity::update_many()
@@ -203,11 +206,36 @@ impl ClaimGuard {
             // Recorded by another instance, or pruned after it was: done.
             Some(row) if row.processed_at.is_some() => Ok(()),
             None => Ok(()),
-            Some(row) if row.quarantined_at.is_some() => Err(ClaimError::Quarantined {
-                message_id: self.message_id.clone(),
-                consumer: self.consumer.clone(),
-            }),
+            Some(row) if row.quarantined_at.is_some() => {
+                self.note_on_quarantined(result.as_deref()).await;
+                Err(ClaimError::Quarantined {
+                    message_id: self.message_id.clone(),
+                    consumer: self.consumer.clone(),
+                })
+            }
             Some(_) => self.expect_one(0),
+        }
+    }
+
+    /// Tells the person deciding about a quarantined claim that this
+    /// instance did perform the effect (in `result`; `processed_at` stays
+    /// empty, the quarantine stands). Best effort: the dead letter already
+    /// says the effect may have happened.
+    async fn note_on_quarantined(&self, result: Option<&str>) {
+        let note = format!(
+            "attempt {} by {} performed the effect after the claim was quarantined ({})",
+            self.attempt,
+            self.instance,
+            result.unwrap_or("no result")
+        );
+        let res = inbox_message::Entity::update_many()
+            .col_expr(Column::Result, Expr::value(note))
+            .filter(Column::Id.eq(self.id))
+            .filter(Column::ProcessedAt.is_null())
+            .exec(&self.db)
+            .await;
+        if let Err(err) = res {
+            tracing::warn!(error = %err, "could not note the late effect on the quarantined claim");
         }
     }
 
@@ -469,6 +497,16 @@ pub async fn quarantine(
 pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result<(), DbErr> {
     let txn = db.begin().await?;
     if let Some(message_id) = letter.message_id {
+        let already = inbox_message::Entity::find()
+            .filter(Column::MessageId.eq(message_id))
+            .filter(Column::Consumer.eq(letter.consumer))
+            .filter(Column::QuarantinedAt.is_not_null())
+            .one(&txn)
+            .await?;
+        if already.is_some() {
+            // Quarantined by the sweeper, whose dead letter is written.
+            return txn.commit().await;
+        }
         inbox_message::Entity::update_many()
             .col_expr(Column::QuarantinedAt, Expr::value(Utc::now()))
             .col_expr(
@@ -484,6 +522,27 @@ pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result
     }
     letter.record(&txn).await?;
     txn.commit().await
+}
+
+/// The id of `consumer`'s quarantined claim on `message_id`, if there is
+/// one. A replay of such a message would only be terminated again: the claim
+/// has to be released first (a person decided the effect did not happen).
+///
+/// # Errors
+/// Database errors.
+pub async fn quarantined(
+    db: &DatabaseConnection,
+    message_id: &str,
+    consumer: &str,
+) -> Result<Option<i64>, DbErr> {
+    Ok(inbox_message::Entity::find()
+        .filter(Column::MessageId.eq(message_id))
+        .filter(Column::Consumer.eq(consumer))
+        .filter(Column::ProcessedAt.is_null())
+        .filter(Column::QuarantinedAt.is_not_null())
+        .one(db)
+        .await?
+        .map(|row| row.id))
 }
 
 #[cfg(test)]

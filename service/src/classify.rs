@@ -115,6 +115,10 @@ pub fn shape_of(err: &DbErr) -> ErrorShape {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
             ErrorShape::ConnectionLost(sqlx_err.to_string())
         }
+        // Also what a connection attempt meets when the server (or a proxy
+        // in front of it) hangs up mid-handshake. A protocol error that is
+        // really the statement's own keeps recurring while the database
+        // answers; the consumer then counts it against the message.
         sqlx::Error::Protocol(p) => ErrorShape::ConnectionLost(p.clone()),
         other => ErrorShape::Other(other.to_string()),
     }
@@ -188,6 +192,10 @@ fn classify_postgres(code: Option<&str>, constraint: Option<&str>) -> Failure {
         Some("57P01" | "57P02" | "57P03") => Failure::Transient {
             reason: OUTAGE_RESTART,
         },
+        // too_many_connections: every process is refused, not this message.
+        Some("53300") => Failure::Transient {
+            reason: OUTAGE_CONNECTION,
+        },
         // A write reached a standby: the primary is failing over (or a proxy
         // still routes to the old one). Re-running on a new connection finds
         // the new primary.
@@ -250,7 +258,8 @@ fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
         Some(1205) => Failure::Transient {
             reason: "lock_wait_timeout",
         },
-        Some(2006 | 2013) => Failure::Transient {
+        // Server gone, lost during a query, too many connections.
+        Some(2006 | 2013 | 1040) => Failure::Transient {
             reason: OUTAGE_CONNECTION,
         },
         _ => Failure::Permanent,

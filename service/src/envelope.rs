@@ -193,11 +193,14 @@ pub fn message_id_from_headers(
         return MessageId::parse(id.as_str());
     }
     match (headers.get(HEADER_CE_SOURCE), headers.get(HEADER_CE_ID)) {
-        // The source's length goes first: a plain `{source}/{id}` would give
-        // source `a/b` + id `c` and source `a` + id `b/c` the same key, and
-        // the second message would be acked as a duplicate of the first.
+        // `{source}/{id}` alone would give source `a/b` + id `c` and source
+        // `a` + id `b/c` the same key, and the second message would be acked
+        // as a duplicate of the first. Escaping `%` and `/` in the id makes
+        // the last `/` the separator, and leaves the common ids (UUIDs,
+        // numbers), and so the keys of markers already written, unchanged.
         (Some(source), Some(id)) if !source.is_empty() && !id.is_empty() => {
-            MessageId::parse(format!("{}:{source}/{id}", source.len()))
+            let id = id.replace('%', "%25").replace('/', "%2F");
+            MessageId::parse(format!("{source}/{id}"))
         }
         _ => Err(EnvelopeError::MissingMessageId),
     }
@@ -223,10 +226,7 @@ mod tests {
     #[test]
     fn cloudevents_source_and_id_form_the_key() {
         let h = headers(&[("ce-source", "/orders"), ("ce-id", "42")]);
-        assert_eq!(
-            message_id_from_headers(&h).unwrap().as_str(),
-            "7:/orders/42"
-        );
+        assert_eq!(message_id_from_headers(&h).unwrap().as_str(), "/orders/42");
     }
 
     #[test]
@@ -236,6 +236,11 @@ mod tests {
         assert_ne!(
             message_id_from_headers(&a).unwrap(),
             message_id_from_headers(&b).unwrap()
+        );
+        let c = headers(&[("ce-source", "a"), ("ce-id", "b%2Fc")]);
+        assert_ne!(
+            message_id_from_headers(&b).unwrap(),
+            message_id_from_headers(&c).unwrap()
         );
     }
 

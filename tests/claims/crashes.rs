@@ -47,13 +47,13 @@ pub(crate) async fn publish_event(js: &async_nats::jetstream::Context, id: &str)
 }
 
 pub(crate) fn consume(
-    t: &TestDb,
+    db_url: &str,
     nats: &NatsServer,
     hook: &WebhookServer,
     extra: &[(&'static str, &str)],
 ) -> Seawall {
     let mut env = vec![
-        ("SEAWALL_DATABASE_URL", t.url.clone()),
+        ("SEAWALL_DATABASE_URL", db_url.to_owned()),
         ("SEAWALL_NATS_URL", nats.url()),
         ("SEAWALL_NOTIFY_WEBHOOK_URL", hook.url.clone()),
         ("SEAWALL_SWEEP_INTERVAL_MS", "100".into()),
@@ -88,7 +88,7 @@ async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backen
         ("SEAWALL_ACK_WAIT_MS", "300"),
         ("SEAWALL_MAX_DELIVER", "20"),
     ];
-    let mut a = consume(&t, &nats, &hook, &cfg);
+    let mut a = consume(&t.url, &nats, &hook, &cfg);
     publish_event(&js, "evt-race").await;
     wait_until(
         "the first call to arrive",
@@ -97,7 +97,7 @@ async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backen
     )
     .await;
     a.freeze();
-    let mut b = consume(&t, &nats, &hook, &cfg);
+    let mut b = consume(&t.url, &nats, &hook, &cfg);
     wait_until(
         "the redelivery to meet the live claim",
         Duration::from_secs(30),
@@ -144,7 +144,7 @@ async fn a_crash_before_the_call_is_recovered_with_one_call(backend: Backend) {
         ("SEAWALL_CLAIM_LEASE_MS", "500"),
     ];
     let mut crashing = consume(
-        &t,
+        &t.url,
         &nats,
         &hook,
         &[cfg[0], cfg[1], ("SEAWALL_FAULT", "claim-after-commit")],
@@ -160,7 +160,7 @@ async fn a_crash_before_the_call_is_recovered_with_one_call(backend: Backend) {
     assert!(open.processed_at.is_none());
     assert_eq!(hook.total_calls(), 0);
 
-    let mut recovery = consume(&t, &nats, &hook, &cfg);
+    let mut recovery = consume(&t.url, &nats, &hook, &cfg);
     wait_until("the event to be completed", Duration::from_secs(30), || {
         completed(&t, "evt-crash")
     })
@@ -191,7 +191,7 @@ async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
         ("SEAWALL_CLAIM_LEASE_MS", "500"),
     ];
     let mut crashing = consume(
-        &t,
+        &t.url,
         &nats,
         &hook,
         &[cfg[0], cfg[1], ("SEAWALL_FAULT", "claim-after-call")],
@@ -200,7 +200,7 @@ async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
     assert!(!crashing.wait().await.success());
     assert_eq!(hook.calls().get("evt-after"), Some(&1));
 
-    let mut recovery = consume(&t, &nats, &hook, &cfg);
+    let mut recovery = consume(&t.url, &nats, &hook, &cfg);
     wait_until("the event to be completed", Duration::from_secs(30), || {
         completed(&t, "evt-after")
     })
@@ -221,7 +221,7 @@ async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend)
         ("SEAWALL_CLAIM_MAX_ATTEMPTS", "3"),
         ("SEAWALL_MAX_DELIVER", "10"),
     ];
-    let mut p = consume(&t, &nats, &hook, &cfg);
+    let mut p = consume(&t.url, &nats, &hook, &cfg);
     publish_event(&js, "evt-broken").await;
     wait_until(
         "the claim to be quarantined",
@@ -272,7 +272,12 @@ async fn an_https_webhook_signed_by_a_private_ca_is_called() {
     let ca = dir.path().join("ca.pem");
     let hook = WebhookServer::start_tls(&ca).await;
     let ca_path = ca.to_str().unwrap().to_owned();
-    let mut p = consume(&t, &nats, &hook, &[("SEAWALL_WEBHOOK_CA_FILE", &ca_path)]);
+    let mut p = consume(
+        &t.url,
+        &nats,
+        &hook,
+        &[("SEAWALL_WEBHOOK_CA_FILE", &ca_path)],
+    );
     publish_event(&js, "evt-tls").await;
     wait_until("the HTTPS call", Duration::from_secs(30), || {
         completed(&t, "evt-tls")
@@ -284,7 +289,7 @@ async fn an_https_webhook_signed_by_a_private_ca_is_called() {
 
     let missing = dir.path().join("missing.pem");
     let mut refused = consume(
-        &t,
+        &t.url,
         &nats,
         &hook,
         &[("SEAWALL_WEBHOOK_CA_FILE", missing.to_str().unwrap())],

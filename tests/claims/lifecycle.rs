@@ -14,6 +14,7 @@ use service::sweep::{SweepPolicy, sweep_claims};
 
 use crate::crashes::{consume, publish_event, setup};
 use crate::on_backends;
+use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::webhook::WebhookServer;
 use crate::support::{Backend, TestDb, credit_envelope, wait_until};
 
@@ -99,7 +100,9 @@ async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
         ("SEAWALL_ACK_WAIT_MS", "2000"),
         ("SEAWALL_CLAIM_MAX_ATTEMPTS", "2"),
     ];
-    let mut processes: Vec<_> = (0..3).map(|_| consume(&t, &nats, &hook, &cfg)).collect();
+    let mut processes: Vec<_> = (0..3)
+        .map(|_| consume(&t.url, &nats, &hook, &cfg))
+        .collect();
     let ids: Vec<String> = (0..12).map(|i| format!("churn-{i}")).collect();
     for id in &ids {
         publish_event(&js, id).await;
@@ -157,3 +160,48 @@ async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
     }
 }
 on_backends!(claims_churned_by_short_leases_all_end_finished: sqlite, postgres);
+
+/// The database goes away after the webhook was called and before the claim
+/// is recorded: the consumer waits the outage out and records it with the
+/// claim it holds, instead of handling the delivery again (which would take
+/// its own claim over once the lease ran out and call the webhook twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_effect_whose_record_meets_an_outage_is_recorded_without_a_second_call() {
+    let (t, nats, js) = setup(Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let hook = WebhookServer::start(Duration::from_millis(1500), 200).await;
+    let proxied = proxy.url_for(&t.url, upstream);
+    let mut p = consume(
+        &proxied,
+        &nats,
+        &hook,
+        &[("SEAWALL_CLAIM_LEASE_MS", "1000")],
+    );
+    publish_event(&js, "evt-outage").await;
+    wait_until("the webhook call", Duration::from_secs(30), || async {
+        hook.total_calls() == 1
+    })
+    .await;
+    proxy.cut();
+    // Past the webhook's answer and the claim's lease, with the database away.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.restore();
+    wait_until("the claim recorded", Duration::from_secs(30), || async {
+        inbox_message::Entity::find()
+            .one(&t.db)
+            .await
+            .unwrap()
+            .is_some_and(|m| m.processed_at.is_some())
+    })
+    .await;
+    assert_eq!(
+        hook.total_calls(),
+        1,
+        "{:?}\n{}",
+        hook.calls(),
+        p.log_text()
+    );
+    assert!(p.terminate().await.success());
+    p.assert_no_panic();
+}

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use sea_orm::ActiveValue::{NotSet, Set};
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -179,6 +180,38 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
         .unwrap()
         .unwrap();
     assert!(letter.replayed_at.is_some());
+
+    // A dead letter whose claim is still quarantined would only be
+    // terminated again: refused, naming the release to do first.
+    let now = chrono::Utc::now();
+    InboxMessage::insert(inbox_message::ActiveModel {
+        message_id: Set("r-2".into()),
+        consumer: Set("audit".into()),
+        received_at: Set(now),
+        quarantined_at: Set(Some(now)),
+        attempts: Set(5),
+        ..Default::default()
+    })
+    .exec_without_returning(&t.db)
+    .await
+    .unwrap();
+    let mut parked: dead_letter::ActiveModel = letter.into();
+    parked.id = NotSet;
+    parked.message_id = Set(Some("r-2".into()));
+    parked.replayed_at = Set(None);
+    let parked = DeadLetter::insert(parked)
+        .exec(&t.db)
+        .await
+        .unwrap()
+        .last_insert_id;
+    let res = http
+        .post(format!("{base}/api/v1/dead-letters/{parked}/replay"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 409);
+    let body = res.text().await.unwrap();
+    assert!(body.contains("/release"), "{body}");
     cancel.cancel();
     for task in tasks {
         task.await.unwrap();

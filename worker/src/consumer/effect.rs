@@ -6,7 +6,9 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::FutureExt;
 
-use service::claim::{ClaimError, ClaimOutcome, ClaimPolicy, claim};
+use async_nats::jetstream;
+
+use service::claim::{ClaimError, ClaimGuard, ClaimOutcome, ClaimPolicy, claim};
 use service::{Effect, Envelope, HandlerError};
 
 use super::{Consumer, Verdict};
@@ -25,9 +27,34 @@ fn fault(point: &str) {
     }
 }
 
+/// Records a performed effect. The effect happened, so a database outage
+/// here is waited out and the completion tried again with the same guard:
+/// handling the delivery again would find this instance's own live claim and,
+/// once its lease ran out, perform the effect a second time.
+async fn record(
+    consumer: &Consumer,
+    msg: &jetstream::Message,
+    guard: &ClaimGuard,
+    result: Option<String>,
+) -> Result<(), ClaimError> {
+    loop {
+        match guard.complete(result.clone()).await {
+            Err(err) if err.is_outage() => {
+                tracing::warn!(error = %err, "effect performed, not yet recorded: database unreachable; waiting to record it");
+                consumer.pause();
+                if !consumer.wait_for_database(msg).await {
+                    return Err(err);
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Claims, performs, completes; turns each outcome into a verdict.
 pub(super) async fn apply(
     consumer: &Consumer,
+    msg: &jetstream::Message,
     envelope: &Envelope,
     effect: &dyn Effect,
     policy: &ClaimPolicy,
@@ -61,7 +88,7 @@ pub(super) async fn apply(
     match performed {
         Ok(result) => {
             fault(FAULT_AFTER_EFFECT);
-            match guard.complete(result).await {
+            match record(consumer, msg, &guard, result).await {
                 Ok(()) => {
                     consumer.count("processed");
                     Verdict::Ack

@@ -40,6 +40,15 @@ use outage::Outage;
 /// that kills its process must not loop forever.
 pub const CRASH_ALLOWANCE: i64 = 10;
 
+/// Times one delivery may be held for a database outage, each time after the
+/// database answered the probe again, before its failure is counted as the
+/// message's own: an error that looks like a lost connection but recurs while
+/// the database serves everything else belongs to the message.
+const MAX_HOLDS: u32 = 5;
+
+/// Longest subject `dead_letter.subject` holds.
+const MAX_SUBJECT_LEN: usize = 255;
+
 /// Consumer settings shared by a worker's consumers.
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
@@ -99,6 +108,9 @@ pub struct Consumer {
     registration: Registration,
     config: ConsumerConfig,
     outage: Arc<Outage>,
+    /// Cancelled when [`Consumer::run`] stops: deliveries held for an outage
+    /// are then left to JetStream's redelivery instead of held on.
+    stopping: CancellationToken,
 }
 
 impl Consumer {
@@ -115,6 +127,7 @@ impl Consumer {
             registration,
             config,
             outage: Arc::default(),
+            stopping: CancellationToken::new(),
         }
     }
 
@@ -190,7 +203,7 @@ impl Consumer {
                 // only wait in this process's buffer with their ack wait running.
                 tokio::select! {
                     () = cancel.cancelled() => break 'outer,
-                    () = self.outage.wait(None, self.progress_period()) => {}
+                    _ = self.outage.wait(None, self.progress_period(), &cancel) => {}
                 }
                 let permit = tokio::select! {
                     () = cancel.cancelled() => break 'outer,
@@ -218,6 +231,7 @@ impl Consumer {
                 }
             }
         }
+        self.stopping.cancel();
         while let Some(done) = inflight.join_next().await {
             log_task_failure(done);
         }
@@ -248,12 +262,28 @@ impl Consumer {
             if let Some(id) = &message_id {
                 tracing::Span::current().record("message_id", id.as_str());
             }
+            let mut holds = 0;
             loop {
-                self.outage.wait(Some(&msg), self.progress_period()).await;
-                let verdict = match &envelope {
+                if !self.wait_for_database(&msg).await {
+                    tracing::info!(
+                        "stopping during a database outage; the delivery will be redelivered"
+                    );
+                    break;
+                }
+                let mut verdict = match &envelope {
                     Ok(envelope) => self.decide(&msg, envelope, delivered).await,
                     Err(err) => Verdict::DeadLetter(format!("unusable message: {err}")),
                 };
+                if let Verdict::Outage(reason) = &verdict {
+                    holds += 1;
+                    if holds > MAX_HOLDS {
+                        self.count("failed");
+                        verdict = self.retry_or_give_up(
+                            &format!("{reason} (failed {holds} times while the database answered)"),
+                            delivered,
+                        );
+                    }
+                }
                 let settled = self
                     .settle(
                         &msg,
@@ -293,7 +323,7 @@ impl Consumer {
                     self.apply(envelope, handler.as_ref(), delivered).await
                 }
                 HandlerKind::Effect(effect, policy) => {
-                    effect::apply(self, envelope, effect.as_ref(), policy, delivered).await
+                    effect::apply(self, msg, envelope, effect.as_ref(), policy, delivered).await
                 }
             }
         };
@@ -346,13 +376,30 @@ impl Consumer {
         headers: &BTreeMap<String, String>,
     ) -> String {
         match headers.get(REPLAY_OF_HEADER) {
-            Some(original) if msg.subject.as_str() == self.replay_subject() => original.clone(),
+            // Bounded like a subject, so a header written by hand cannot make
+            // the dead letter of this message impossible to record.
+            Some(original)
+                if msg.subject.as_str() == self.replay_subject()
+                    && !original.is_empty()
+                    && original.len() <= MAX_SUBJECT_LEN
+                    && !original.contains(char::is_whitespace) =>
+            {
+                original.clone()
+            }
             _ => msg.subject.to_string(),
         }
     }
 
     fn progress_period(&self) -> Duration {
         (self.config.ack_wait / 2).max(Duration::from_millis(10))
+    }
+
+    /// Returns once the database is up (at once, normally), holding `msg`
+    /// meanwhile; `false` if the consumer is stopping while it is down.
+    async fn wait_for_database(&self, msg: &jetstream::Message) -> bool {
+        self.outage
+            .wait(Some(msg), self.progress_period(), &self.stopping)
+            .await
     }
 
     /// Pauses the consumer until the database answers (see `outage`).

@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 /// Shared by the tasks of one consumer.
 #[derive(Debug, Default)]
@@ -37,8 +38,12 @@ impl Outage {
             let mut delay = base;
             loop {
                 tokio::time::sleep(delay).await;
-                match db.ping().await {
-                    Ok(()) => break,
+                match writable(&db).await {
+                    Ok(true) => break,
+                    Ok(false) => tracing::debug!(
+                        ?delay,
+                        "database answers read-only (a standby); still waiting"
+                    ),
                     Err(err) => tracing::debug!(error = %err, ?delay, "database still unreachable"),
                 }
                 delay = delay.saturating_mul(2).min(max);
@@ -50,18 +55,25 @@ impl Outage {
         });
     }
 
-    /// Returns at once while the database is up; otherwise waits for it,
-    /// sending an in-progress ack on `msg` every `period` so JetStream neither
-    /// redelivers it nor counts a delivery.
-    pub(super) async fn wait(&self, msg: Option<&jetstream::Message>, period: Duration) {
+    /// Returns `true` at once while the database is up; otherwise waits for
+    /// it, sending an in-progress ack on `msg` every `period` so JetStream
+    /// neither redelivers it nor counts a delivery. Returns `false` if `stop`
+    /// fires first.
+    pub(super) async fn wait(
+        &self,
+        msg: Option<&jetstream::Message>,
+        period: Duration,
+        stop: &CancellationToken,
+    ) -> bool {
         loop {
             // Created before the check, so a recovery in between still wakes it.
             let recovered = self.recovered.notified();
             if !self.down.load(Ordering::SeqCst) {
-                return;
+                return true;
             }
             tokio::select! {
-                () = recovered => return,
+                () = recovered => return true,
+                () = stop.cancelled() => return false,
                 () = tokio::time::sleep(period) => {
                     if let Some(msg) = msg {
                         super::progress(msg).await;
@@ -70,4 +82,25 @@ impl Outage {
             }
         }
     }
+}
+
+/// Whether the database takes writes again. During a PostgreSQL failover a
+/// proxy may route to a standby that answers a ping but refuses every write
+/// (`25006`), so there the probe asks whether the server is in recovery.
+async fn writable(db: &DatabaseConnection) -> Result<bool, DbErr> {
+    db.ping().await?;
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(true);
+    }
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT pg_is_in_recovery() AS in_recovery",
+        ))
+        .await?;
+    let in_recovery = match row {
+        Some(row) => row.try_get::<bool>("", "in_recovery")?,
+        None => false,
+    };
+    Ok(!in_recovery)
 }

@@ -39,8 +39,10 @@ pub struct RelayConfig {
     /// another's publishing instead of the two taking turns.
     pub concurrency: usize,
     /// How long a claim is exclusive; a crashed relay's rows wait this long.
-    /// On PostgreSQL it also bounds a round: a batch held longer is given
-    /// back, so no row stays published but unmarked for longer.
+    /// It also bounds a round: no publish starts after the lease has run
+    /// out since the round began (a slow key's later rows go back unpublished
+    /// and the rows already acknowledged are recorded), so a row is not left
+    /// published but unmarked for longer than the lease plus one PubAck.
     pub lease: Duration,
     /// Failed publishes before a row is marked dead.
     pub max_attempts: i32,
@@ -99,12 +101,6 @@ pub enum RelayError {
     /// The database failed.
     #[error("outbox relay database error: {0}")]
     Database(#[from] DbErr),
-    /// A round held its batch longer than the lease and gave it back.
-    #[error("relay round took longer than its lease of {limit:?}; its batch was given back")]
-    RoundTimedOut {
-        /// The lease.
-        limit: Duration,
-    },
 }
 
 /// Publishes outbox rows to JetStream.
@@ -170,17 +166,8 @@ impl Relay {
         } else {
             let txn = self.db.begin().await?;
             let rows = store::lock(&txn, self.config.batch_size).await?;
-            // Rows left unpublished are released by the commit; a round over
-            // its lease rolls back, freeing its rows for the next round.
-            let recorded = tokio::time::timeout(
-                self.config.lease,
-                self.publish_and_record(&txn, None, rows, started),
-            )
-            .await
-            .map_err(|_| RelayError::RoundTimedOut {
-                limit: self.config.lease,
-            })?;
-            let (report, _) = recorded?;
+            // Rows left unpublished are released by the commit.
+            let (report, _) = self.publish_and_record(&txn, None, rows, started).await?;
             txn.commit().await?;
             report
         };
@@ -222,11 +209,12 @@ impl Relay {
                 None => singles.push(vec![row]),
             }
         }
+        let deadline = started + self.config.lease;
         let results = join_all(
             chains
                 .into_values()
                 .chain(singles)
-                .map(|chain| self.publish_chain(chain)),
+                .map(|chain| self.publish_chain(chain, deadline)),
         )
         .await;
         let published_in = started.elapsed() - claimed_in;
@@ -273,10 +261,16 @@ impl Relay {
         Ok((report, released))
     }
 
-    async fn publish_chain(&self, chain: Vec<outbox_message::Model>) -> ChainResult {
+    /// Publishes a key's rows one after another, stopping at the first
+    /// failure or once `deadline` has passed; the rest are skipped.
+    async fn publish_chain(
+        &self,
+        chain: Vec<outbox_message::Model>,
+        deadline: std::time::Instant,
+    ) -> ChainResult {
         let mut result = ChainResult::default();
-        let mut rows = chain.into_iter();
-        for mut row in rows.by_ref() {
+        let mut rows = chain.into_iter().peekable();
+        while let Some(mut row) = rows.next_if(|_| std::time::Instant::now() < deadline) {
             // The payload is not needed after publishing: move it, don't copy it.
             let payload = std::mem::take(&mut row.payload);
             match self.publish(&row, payload).await {
