@@ -7,19 +7,15 @@ c = r["counts"]
 print("| what | count |")
 print("|---|---|")
 for key in ["valid", "credits", "malformed", "missing_id", "dead_letters", "outbox_rows", "applied_events",
-            "republished_after_window", "process_restarts"]:
-    print(f"| {key.replace('_', ' ')} | {c[key]} |")
+            "republished_after_window", "process_restarts", "poison_rows", "commits_cut", "webhook_calls", "notified"]:
+    if key in c:
+        print(f"| {key.replace('_', ' ')} | {c[key]} |")
 print()
 print("| t (s) | fault | recovered (readyz) after |")
 print("|---|---|---|")
-rec = {}
-for name, secs in r["recoveries"]:
-    rec.setdefault(name, []).append(secs)
-for t, event, detail in r["faults"]:
-    if event != "fault":
-        continue
-    key = next((k for k in rec if detail.startswith(k.split(" for ")[0]) or k.startswith(detail.split(" for ")[0])), None)
-    secs = rec[key].pop(0) if key and rec[key] else "-"
+# Faults run one after another, each followed by its recovery: pair them in order.
+faults = [(t, detail) for t, event, detail in r["faults"] if event == "fault"]
+for (t, detail), (_, secs) in zip(faults, r["recoveries"]):
     print(f"| {t} | {detail} | {secs} s |")
 thr = r["throughput_per_10s"]
 if thr:

@@ -25,6 +25,7 @@ mod m20261130_000005_create_outbox_notify_trigger;
 mod m20261130_000006_add_inbox_claim_message;
 mod m20261130_000007_create_admin_indexes;
 mod m20261130_000008_partial_outbox_indexes;
+mod m20261130_000009_create_pending_key_index;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -81,6 +82,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000006_add_inbox_claim_message::Migration),
             Box::new(m20261130_000007_create_admin_indexes::Migration),
             Box::new(m20261130_000008_partial_outbox_indexes::Migration),
+            Box::new(m20261130_000009_create_pending_key_index::Migration),
         ]
     }
 }
