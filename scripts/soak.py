@@ -107,6 +107,16 @@ class Soak:
         print(f"[{t:8.2f}s] {event} {detail}", flush=True)
 
     # ---- NATS cluster -------------------------------------------------
+    def ports_free(self):
+        """Refuses to start over servers left by an earlier soak that was
+        killed: its stream would mix old messages into this run's checks."""
+        import socket
+        ports = [p for ports in self.nats_ports for p in ports] + [self.api_port, self.proxy_port, self.webhook.port]
+        for port in ports:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    raise RuntimeError(f"port {port} is in use (a nats-server of an earlier soak?); stop it first")
+
     def start_nats(self, i):
         client, cluster, mon = self.nats_ports[i]
         routes = ",".join(f"nats-route://127.0.0.1:{c}" for j, (_, c, _) in enumerate(self.nats_ports) if j != i)
@@ -579,6 +589,7 @@ class Soak:
         self.rng = random.Random(a.seed)
         self.frng = random.Random(a.seed + 1)
         self.poison_rows = 0
+        self.ports_free()
         self.log("start", f"{a.messages} messages, seed {a.seed}, dir {self.dir}")
         await self.start_proxy()
         self.webhook.start()
