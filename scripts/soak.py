@@ -111,7 +111,8 @@ class Soak:
         """Refuses to start over servers left by an earlier soak that was
         killed: its stream would mix old messages into this run's checks."""
         import socket
-        ports = [p for ports in self.nats_ports for p in ports] + [self.api_port, self.proxy_port, self.webhook.port]
+        # (The webhook receiver has bound its own port already.)
+        ports = [p for ports in self.nats_ports for p in ports] + [self.api_port, self.proxy_port]
         for port in ports:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
