@@ -1,4 +1,4 @@
-//! `seawall demo`: the races from DESIGN.md, run against a real database and
+//! `seawall demo`: the races of docs/architecture.md (rules 1-4), run against a real database and
 //! narrated. It is the project's teaching tool and a way to prove the
 //! guarantees on one's own PostgreSQL.
 

@@ -31,7 +31,7 @@ struct Cli {
 enum Command {
     /// Create or upgrade the schema (idempotent).
     Migrate,
-    /// Run the races from DESIGN.md against the configured database (default:
+    /// Run the races of docs/architecture.md (rules 1-4) against the configured database (default:
     /// a fresh temporary SQLite file) and narrate what happened.
     Demo,
     /// Push synthetic credit requests through the inbox, each several times;

@@ -1,5 +1,5 @@
 //! Two-phase claims for side effects that cannot join a transaction
-//! (DESIGN rule 8): an email, a card charge, a webhook.
+//! (docs/architecture.md, rule 8): an email, a card charge, a webhook.
 //!
 //! Phase one commits the marker with `processed_at` null and a lease; the
 //! caller then performs the effect with the message id as its idempotency

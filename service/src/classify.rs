@@ -1,7 +1,7 @@
 //! What a database error means for the inbox: duplicate, retry, or failure.
 //!
 //! Each backend reports a unique violation differently, and only a violation
-//! of the inbox index may be read as "already processed" (DESIGN rule 4).
+//! of the inbox index may be read as "already processed" (docs/architecture.md, rule 4).
 //! Reading every unique violation as a duplicate would silently drop messages
 //! whose business write broke a real constraint.
 

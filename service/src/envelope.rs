@@ -12,7 +12,7 @@ pub const MAX_MESSAGE_ID_LEN: usize = 200;
 /// Longest accepted consumer name.
 pub const MAX_CONSUMER_LEN: usize = 64;
 
-/// Header carrying the producer's message id (DESIGN rule 10).
+/// Header carrying the producer's message id (docs/architecture.md, rule 10).
 pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
 /// CloudEvents binary-mode headers, used when `Nats-Msg-Id` is absent.
 pub const HEADER_CE_SOURCE: &str = "ce-source";
@@ -121,7 +121,7 @@ impl fmt::Display for ConsumerName {
 /// A received message: its stable id, where it came from, and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
-    /// The inbox key (DESIGN rule 10).
+    /// The inbox key (docs/architecture.md, rule 10).
     pub message_id: MessageId,
     /// The subject the message was published on.
     pub subject: String,
@@ -182,7 +182,7 @@ impl Envelope {
     }
 }
 
-/// Extracts the inbox key from delivery headers (DESIGN rule 10).
+/// Extracts the inbox key from delivery headers (docs/architecture.md, rule 10).
 ///
 /// # Errors
 /// See [`Envelope::from_delivery`].

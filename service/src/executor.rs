@@ -1,7 +1,7 @@
 //! Runs a whole unit of work in a transaction, and runs it again on a
 //! transient failure.
 //!
-//! A failed transaction's state is never reused (DESIGN rule 7): every attempt
+//! A failed transaction's state is never reused (docs/architecture.md, rule 7): every attempt
 //! begins a new transaction and calls the unit from the start. Because the
 //! executor owns begin and commit, units never open transactions themselves,
 //! so there is no nested strategy for a retry to fight with.

@@ -1,7 +1,7 @@
 //! The transactional inbox: a message's effects commit exactly once per consumer.
 //!
 //! The marker row is inserted in the same transaction as the handler's
-//! business writes and outbox rows (DESIGN rule 3). When two instances race on
+//! business writes and outbox rows (docs/architecture.md, rule 3). When two instances race on
 //! one message, the unique index `ix_inbox_message_id_consumer` lets exactly one
 //! commit; the other gets a unique violation on that index and reports
 //! [`Outcome::Duplicate`] (rule 4). An existence check runs first as a cheap fast
@@ -32,8 +32,8 @@ pub enum Outcome<T> {
 
 /// A message handler: business writes on the given transaction.
 ///
-/// It must use only `txn` for its writes (bulk statements included, DESIGN
-/// rule 6) and must not open transactions of its own. It may be called more
+/// It must use only `txn` for its writes (bulk statements included,
+/// docs/architecture.md rule 6) and must not open transactions of its own. It may be called more
 /// than once for one message when a transient error forces a retry, each time
 /// with a fresh transaction.
 pub trait Handle<T>: Send + Sync {

@@ -2,7 +2,7 @@
 //! pruning them in bounded batches.
 //!
 //! An inbox marker may only go once the broker can no longer redeliver the
-//! original message (DESIGN rule 9): a redelivery after the marker was pruned
+//! original message (docs/architecture.md, rule 9): a redelivery after the marker was pruned
 //! would be applied a second time. That horizon is the ack wait times the
 //! delivery limit plus the stream's max age; a margin on top covers operators
 //! replaying dead letters later.

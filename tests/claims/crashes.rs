@@ -1,4 +1,4 @@
-//! Tests 1-4 through the broker: the demo `notify` consumer POSTs
+//! The demo `notify` consumer POSTs
 //! `credits.applied` events to a webhook through a claim, in `seawall consume`
 //! processes that crash at the fault points.
 
@@ -78,7 +78,7 @@ async fn completed(t: &TestDb, id: &str) -> bool {
         .is_some_and(|m| m.processed_at.is_some())
 }
 
-/// Test 1 through the broker: the first process freezes while its webhook
+/// The first process freezes while its webhook
 /// call is in flight (its in-progress acks stop with it), so the second
 /// receives the redelivery while the first holds the claim. One call.
 async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backend) {
@@ -133,7 +133,7 @@ async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backen
 }
 on_backends!(two_processes_racing_on_one_event_call_the_webhook_once: sqlite, postgres);
 
-/// Test 2: the process dies after committing the claim, before the call. The
+/// The process dies after committing the claim, before the call. The
 /// sweeper releases the claim after its lease, the redelivery takes it over,
 /// and the call happens once, with the message id as its key.
 async fn a_crash_before_the_call_is_recovered_with_one_call(backend: Backend) {
@@ -181,7 +181,7 @@ async fn a_crash_before_the_call_is_recovered_with_one_call(backend: Backend) {
 }
 on_backends!(a_crash_before_the_call_is_recovered_with_one_call: sqlite, postgres);
 
-/// Test 3: the process dies after the call, before `complete()`. The retry
+/// The process dies after the call, before `complete()`. The retry
 /// calls again, with the same idempotency key, so the receiver can drop it.
 async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
     let (t, nats, js) = setup(backend).await;
@@ -212,7 +212,7 @@ async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
 }
 on_backends!(a_crash_after_the_call_retries_with_the_same_key: sqlite, postgres);
 
-/// Test 4: the webhook keeps failing; after the attempt limit the claim is
+/// The webhook keeps failing; after the attempt limit the claim is
 /// quarantined and a dead letter says a person must look.
 async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend) {
     let (t, nats, js) = setup(backend).await;

@@ -1,4 +1,4 @@
-//! Tests 6 and 7: retention pruning and the start-up retention check.
+//! Retention pruning and the start-up retention check.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,7 +58,7 @@ fn old_event(i: usize, published: bool, dead: bool) -> outbox_message::ActiveMod
     }
 }
 
-/// Test 6: pruning removes exactly the rows past retention, in batches, from
+/// Pruning removes exactly the rows past retention, in batches, from
 /// two pruners at once, while a consumer keeps inserting; a message
 /// redelivered inside the retention is still a duplicate.
 async fn pruning_removes_exactly_the_expired_rows_while_work_goes_on(backend: Backend) {
@@ -171,7 +171,7 @@ async fn pruning_removes_exactly_the_expired_rows_while_work_goes_on(backend: Ba
 }
 on_backends!(pruning_removes_exactly_the_expired_rows_while_work_goes_on: sqlite, postgres);
 
-/// Test 7: start-up refuses a retention shorter than ack wait x max deliveries.
+/// Start-up refuses a retention shorter than ack wait x max deliveries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn startup_refuses_a_retention_the_broker_could_outlive() {
     let t = TestDb::new(Backend::Sqlite).await;

@@ -1,4 +1,4 @@
-//! Tests 1 and 5: concurrent claims and the atomic takeover of an expired one.
+//! Concurrent claims and the atomic takeover of an expired one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +22,7 @@ fn policy(instance: &str) -> ClaimPolicy {
     }
 }
 
-/// Test 1 at the library level: two instances claim at once; one owns it.
+/// Two instances claim at once; one owns it.
 async fn two_instances_claiming_one_message_get_one_owner(backend: Backend) {
     let t = TestDb::new(backend).await;
     let consumer = ConsumerName::parse("notify").unwrap();
@@ -56,7 +56,7 @@ async fn two_instances_claiming_one_message_get_one_owner(backend: Backend) {
 }
 on_backends!(two_instances_claiming_one_message_get_one_owner: sqlite, postgres);
 
-/// Test 5: eight tasks race to take over one expired claim; exactly one wins,
+/// Eight tasks race to take over one expired claim; exactly one wins,
 /// and the loser of a late `complete` is told it lost the lease.
 async fn eight_contenders_for_an_expired_claim_produce_one_owner(backend: Backend) {
     let t = TestDb::new(backend).await;

@@ -1,4 +1,4 @@
-//! Tests 1 and 5: messages flow end to end through `seawall run`.
+//! Messages flow end to end through `seawall run`.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use crate::support::{Backend, TestDb};
 
 const MESSAGES: usize = 1_000;
 
-/// Test 1: 1,000 requests -> 1,000 credits -> 1,000 events, each id once.
+/// 1,000 requests -> 1,000 credits -> 1,000 events, each id once.
 async fn a_thousand_requests_become_a_thousand_credits_and_events(backend: Backend) {
     let (t, nats, js) = with_credits_stream(backend).await;
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
@@ -39,7 +39,7 @@ async fn a_thousand_requests_become_a_thousand_credits_and_events(backend: Backe
 }
 on_backends!(a_thousand_requests_become_a_thousand_credits_and_events: sqlite, postgres);
 
-/// Test 5: nats-server stopped and restarted mid-run; both loops recover.
+/// Nats-server stopped and restarted mid-run; both loops recover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relay_and_consumer_survive_a_nats_restart() {
     let t = TestDb::new(Backend::Sqlite).await;

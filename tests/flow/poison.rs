@@ -1,4 +1,4 @@
-//! Test 6 and the handler registry: poison inputs end as dead letters with a
+//! Poison inputs end as dead letters with a
 //! readable reason while good messages flow; two consumers of one subject each
 //! apply a message once.
 

@@ -1,4 +1,4 @@
-//! Tests 2 and 10: redeliveries and republished copies reaching two consumer
+//! Redeliveries and republished copies reaching two consumer
 //! processes at once.
 
 use std::time::Duration;
@@ -24,7 +24,7 @@ async fn credit_consumer(
     consumer.info().await.ok().cloned()
 }
 
-/// Test 2: the first process freezes in the middle of its handlers (its
+/// The first process freezes in the middle of its handlers (its
 /// in-progress acks stop with it), JetStream redelivers each message to the
 /// second process, and the first then carries on: both work on every message
 /// at once.
@@ -83,7 +83,7 @@ async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
     }
 }
 
-/// Test 10: the same id published three times (0, 500 and 50 ms apart) with a
+/// The same id published three times (0, 500 and 50 ms apart) with a
 /// 100 ms dedupe window, so copies get past JetStream to two consumers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn copies_past_the_broker_dedupe_window_are_applied_once() {

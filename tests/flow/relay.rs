@@ -1,4 +1,4 @@
-//! Tests 3, 4, 8 and 9: the outbox relay under crashes, competition,
+//! The outbox relay under crashes, competition,
 //! ordering keys and out-of-order commits.
 
 use std::collections::HashMap;
@@ -49,7 +49,7 @@ fn unique_count(events: &[(String, Vec<u8>)]) -> usize {
     seen.len()
 }
 
-/// Test 3: a relay dies after JetStream acknowledged a batch but before it
+/// A relay dies after JetStream acknowledged a batch but before it
 /// recorded that; its replacement republishes after the lease, and JetStream's
 /// duplicate window drops every copy.
 async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(backend: Backend) {
@@ -137,7 +137,7 @@ async fn a_dead_relays_rows_are_free_at_once_on_postgres() {
     relay.assert_no_panic();
 }
 
-/// Test 4: three relays on PostgreSQL share 5,000 rows; each row is published
+/// Three relays on PostgreSQL share 5,000 rows; each row is published
 /// by one relay, and when one is killed the others finish its rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_relays_share_the_outbox_and_survive_a_kill() {
@@ -208,7 +208,7 @@ async fn three_relays_share_the_outbox_and_survive_a_kill() {
     }
 }
 
-/// Test 8: 200 events on 5 keys through 3 relays arrive in per-key commit order.
+/// 200 events on 5 keys through 3 relays arrive in per-key commit order.
 async fn events_with_an_ordering_key_arrive_in_commit_order(backend: Backend) {
     let (t, _nats, js) = with_credits_stream(backend).await;
     let relays: Vec<Relay> = (0..3)
@@ -259,7 +259,7 @@ async fn events_with_an_ordering_key_arrive_in_commit_order(backend: Backend) {
 }
 on_backends!(events_with_an_ordering_key_arrive_in_commit_order: sqlite, postgres);
 
-/// Test 9: rows committed out of id order, and one rolled back, while the
+/// Rows committed out of id order, and one rolled back, while the
 /// relay runs. A relay that only reads "id > last seen" would skip the late
 /// commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

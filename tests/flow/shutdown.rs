@@ -1,4 +1,4 @@
-//! Test 7: graceful shutdown with messages in flight.
+//! Graceful shutdown with messages in flight.
 
 use std::time::Duration;
 

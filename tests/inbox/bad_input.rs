@@ -1,4 +1,4 @@
-//! Test 10: bad input gets a clear error and leaves nothing behind.
+//! Bad input gets a clear error and leaves nothing behind.
 
 use futures::future::BoxFuture;
 

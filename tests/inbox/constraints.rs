@@ -7,7 +7,6 @@ use service::{ConsumerName, Executor, Inbox, InboxError, Outcome};
 use crate::on_backends;
 use crate::support::{Backend, TestDb, credit_envelope};
 
-/// Test 6.
 async fn a_business_unique_violation_is_an_error_not_a_duplicate(backend: Backend) {
     let t = TestDb::new(backend).await;
     let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();

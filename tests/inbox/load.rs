@@ -1,4 +1,4 @@
-//! Test 9: many concurrent tasks, every message delivered three times.
+//! Many concurrent tasks, every message delivered three times.
 
 use std::collections::HashMap;
 use std::sync::Arc;

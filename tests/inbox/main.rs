@@ -1,4 +1,4 @@
-//! Inbox integration tests: the guarantees of DESIGN.md rules 1-7 on real
+//! Inbox integration tests: the guarantees of docs/architecture.md rules 1-7 on real
 //! SQLite files, PostgreSQL and MariaDB.
 
 #[path = "../support/mod.rs"]

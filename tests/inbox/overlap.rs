@@ -1,4 +1,4 @@
-//! Test 7: on PostgreSQL the second insert of a marker waits for the first
+//! On PostgreSQL the second insert of a marker waits for the first
 //! transaction, and its fate follows that transaction's.
 
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};

@@ -11,7 +11,7 @@ use tokio::sync::Barrier;
 use crate::on_backends;
 use crate::support::{Backend, TestDb, credit_envelope};
 
-/// Test 1: the harness can see the bug the inbox prevents.
+/// The harness can see the bug the inbox prevents.
 async fn a_naive_check_then_insert_applies_a_credit_twice(backend: Backend) {
     let t = TestDb::new(backend).await;
     let (a_db, b_db) = (t.db.clone(), t.second_pool().await);
@@ -32,7 +32,7 @@ async fn a_naive_check_then_insert_applies_a_credit_twice(backend: Backend) {
 }
 on_backends!(a_naive_check_then_insert_applies_a_credit_twice: sqlite, postgres);
 
-/// Test 2: two connections race `process`; exactly one applies the message.
+/// Two connections race `process`; exactly one applies the message.
 async fn two_instances_racing_on_one_message_apply_it_once(backend: Backend) {
     let t = TestDb::new(backend).await;
     let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();

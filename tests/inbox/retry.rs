@@ -1,4 +1,4 @@
-//! Test 8: the executor re-runs the whole unit after a real transient error.
+//! The executor re-runs the whole unit after a real transient error.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

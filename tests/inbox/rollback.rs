@@ -14,7 +14,7 @@ use service::{ConsumerName, Executor, HandlerError, Inbox, InboxError, Outcome};
 use crate::on_backends;
 use crate::support::{Backend, TestDb, credit_envelope};
 
-/// Test 3: a failing business write rolls the marker back.
+/// A failing business write rolls the marker back.
 async fn a_failing_business_write_rolls_the_marker_back(backend: Backend) {
     let t = TestDb::new(backend).await;
     let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
@@ -48,7 +48,7 @@ async fn a_failing_business_write_rolls_the_marker_back(backend: Backend) {
 }
 on_backends!(a_failing_business_write_rolls_the_marker_back: sqlite, postgres, mysql);
 
-/// Test 5: a bulk update made before the marker is rejected rolls back with it.
+/// A bulk update made before the marker is rejected rolls back with it.
 async fn a_bulk_update_is_rolled_back_when_the_marker_is_rejected(backend: Backend) {
     let t = TestDb::new(backend).await;
     let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
@@ -102,7 +102,7 @@ async fn a_bulk_update_is_rolled_back_when_the_marker_is_rejected(backend: Backe
 }
 on_backends!(a_bulk_update_is_rolled_back_when_the_marker_is_rejected: sqlite, postgres);
 
-/// Test 4: after a failed unit, the redelivery runs in a fresh transaction and
+/// After a failed unit, the redelivery runs in a fresh transaction and
 /// nothing of the failed attempt leaks into it.
 async fn a_retry_after_a_failed_unit_starts_from_a_clean_transaction(backend: Backend) {
     let t = TestDb::new(backend).await;

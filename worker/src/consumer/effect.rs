@@ -1,4 +1,4 @@
-//! The claim path: side effects outside the transaction (DESIGN rule 8).
+//! The claim path: side effects outside the transaction (docs/architecture.md, rule 8).
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
