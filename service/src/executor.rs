@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use rand::Rng;
 use sea_orm::{
     AccessMode, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
     SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 use tokio::sync::Notify;
 
+use crate::backoff::Backoff;
 use crate::classify::{Failure, classify};
 use crate::error::HandlerError;
 
@@ -44,16 +44,9 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The pause before attempt `attempt + 1`: exponential with equal jitter,
-    /// so that contenders that failed together do not retry together.
+    /// The pause before attempt `attempt + 1` (see [`Backoff`]).
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self
-            .base_delay
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-            .min(self.max_delay);
-        let half = exp / 2;
-        let jitter_ms = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
-        half + Duration::from_millis(rand::rng().random_range(0..=jitter_ms))
+        Backoff::new(self.base_delay, self.max_delay).delay(attempt)
     }
 }
 

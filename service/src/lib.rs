@@ -20,6 +20,7 @@
 //! - [`stats`]: counts by table and state, for operators.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
+pub mod backoff;
 pub mod claim;
 pub mod classify;
 pub mod credits;
@@ -35,6 +36,7 @@ pub mod retention;
 pub mod stats;
 pub mod sweep;
 
+pub use backoff::Backoff;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError};
 pub use executor::{Executor, RetryPolicy, Unit, panic_message};

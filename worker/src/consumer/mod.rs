@@ -502,11 +502,8 @@ impl Consumer {
     }
 
     fn nak_delay(&self, delivered: i64) -> Duration {
-        let exp = u32::try_from(delivered.clamp(1, 16) - 1).unwrap_or(0);
-        self.config
-            .nak_base
-            .saturating_mul(1 << exp)
-            .min(self.config.nak_max)
+        let failures = u32::try_from(delivered.max(1)).unwrap_or(u32::MAX);
+        service::Backoff::new(self.config.nak_base, self.config.nak_max).delay(failures)
     }
 
     async fn dead_letter(

@@ -34,9 +34,12 @@ impl Outage {
         tracing::warn!("database unreachable; pausing the consumer until it answers");
         metrics::gauge!("seawall_consumer_paused").set(1.0);
         let this = Arc::clone(self);
+        let backoff = service::Backoff::new(base, max);
         tokio::spawn(async move {
-            let mut delay = base;
+            let mut probes = 0;
             loop {
+                probes += 1;
+                let delay = backoff.delay(probes);
                 tokio::time::sleep(delay).await;
                 match writable(&db).await {
                     Ok(true) => break,
@@ -46,7 +49,6 @@ impl Outage {
                     ),
                     Err(err) => tracing::debug!(error = %err, ?delay, "database still unreachable"),
                 }
-                delay = delay.saturating_mul(2).min(max);
             }
             this.down.store(false, Ordering::SeqCst);
             metrics::gauge!("seawall_consumer_paused").set(0.0);

@@ -301,11 +301,8 @@ impl Relay {
     }
 
     fn backoff(&self, attempts_so_far: i32) -> Duration {
-        let exp = u32::try_from(attempts_so_far.clamp(0, 16)).unwrap_or(16);
-        self.config
-            .retry_base
-            .saturating_mul(1 << exp)
-            .min(self.config.retry_max)
+        let failures = u32::try_from(attempts_so_far.saturating_add(1)).unwrap_or(1);
+        service::Backoff::new(self.config.retry_base, self.config.retry_max).delay(failures)
     }
 
     /// Runs rounds until `cancel` fires, `concurrency` at a time. Rounds follow
