@@ -47,6 +47,8 @@ pub struct Settings {
     pub sweep_interval_ms: u64,
     pub claim_lease_ms: u64,
     pub claim_max_attempts: u64,
+    /// Crash tests only: a fault point to abort at (see `worker::FaultPoint`).
+    pub fault: Option<String>,
 }
 
 /// The keys read from the environment (others with the prefix are ignored, so
@@ -82,6 +84,7 @@ const KEYS: &[&str] = &[
     "sweep_interval_ms",
     "claim_lease_ms",
     "claim_max_attempts",
+    "fault",
 ];
 
 impl Default for Settings {
@@ -117,6 +120,7 @@ impl Default for Settings {
             sweep_interval_ms: 5_000,
             claim_lease_ms: 30_000,
             claim_max_attempts: 5,
+            fault: None,
         }
     }
 }
@@ -273,6 +277,11 @@ impl Settings {
         self.db_max_connections.unwrap_or(DEFAULT_TOOL_POOL)
     }
 
+    /// The fault point crash tests armed, if any.
+    pub fn fault_point(&self) -> Option<worker::FaultPoint> {
+        self.fault.as_deref().and_then(worker::FaultPoint::parse)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let scheme = self.database_url.split(':').next().unwrap_or_default();
         if !matches!(scheme, "sqlite" | "postgres" | "postgresql" | "mysql") {
@@ -328,6 +337,15 @@ impl Settings {
             return Err(invalid(
                 "notify_webhook_url",
                 "must be an http:// or https:// URL",
+            ));
+        }
+        if let Some(name) = &self.fault
+            && worker::FaultPoint::parse(name).is_none()
+        {
+            let names: Vec<_> = worker::FaultPoint::ALL.iter().map(|(n, _)| *n).collect();
+            return Err(invalid(
+                "fault",
+                format!("unknown fault point {name:?}; one of {}", names.join(", ")),
             ));
         }
         if let Some(path) = &self.webhook_ca_file

@@ -144,6 +144,7 @@ pub async fn serve(
                 poll_interval: Duration::from_millis(settings.relay_poll_ms),
                 max_attempts: i32::try_from(settings.relay_max_attempts).unwrap_or(i32::MAX),
                 retry_max,
+                fault: settings.fault_point(),
                 ..RelayConfig::default()
             },
             wake.clone(),
@@ -158,6 +159,7 @@ pub async fn serve(
             max_deliver: settings.max_deliver,
             concurrency: settings.consumer_concurrency,
             max_handling: Duration::from_millis(settings.max_handling_ms),
+            fault: settings.fault_point(),
             ..ConsumerConfig::default()
         };
         let sweep = SweepPolicy {

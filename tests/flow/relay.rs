@@ -61,10 +61,7 @@ async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(bac
         &env(
             &t.url,
             &nats.url(),
-            &[
-                lease[0],
-                ("SEAWALL_FAULT", worker::relay::FAULT_AFTER_PUBACK),
-            ],
+            &[lease[0], ("SEAWALL_FAULT", "relay-after-puback")],
         ),
     );
     let status = crashing.wait().await;
@@ -121,7 +118,7 @@ async fn a_dead_relays_rows_are_free_at_once_on_postgres() {
         &env(
             &t.url,
             &nats.url(),
-            &[lease, ("SEAWALL_FAULT", worker::relay::FAULT_AFTER_PUBACK)],
+            &[lease, ("SEAWALL_FAULT", "relay-after-puback")],
         ),
     );
     assert!(

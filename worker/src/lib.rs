@@ -11,9 +11,11 @@
 //! - [`notify`]: PostgreSQL `LISTEN/NOTIFY` wake-ups for the relay.
 //! - [`maintenance`]: the claim sweeper and the retention pruner loops.
 //! - [`drain`]: wait until everything in flight has settled (for tests).
+//! - [`fault`]: fault points crash tests arm through the configuration.
 
 pub mod consumer;
 pub mod drain;
+pub mod fault;
 pub mod maintenance;
 pub mod notify;
 pub mod relay;
@@ -21,5 +23,6 @@ pub mod streams;
 
 pub use consumer::{Consumer, ConsumerConfig};
 pub use drain::drain;
+pub use fault::FaultPoint;
 pub use relay::{Relay, RelayConfig, RelayReport};
 pub use streams::{StreamSpec, check_duplicate_window, ensure_stream};

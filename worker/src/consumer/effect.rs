@@ -12,20 +12,7 @@ use service::claim::{ClaimError, ClaimGuard, ClaimOutcome, ClaimPolicy, claim};
 use service::{Effect, Envelope, HandlerError};
 
 use super::{Consumer, Verdict};
-
-/// Set `SEAWALL_FAULT` to this to abort after the claim committed and before
-/// the effect runs.
-pub const FAULT_AFTER_CLAIM: &str = "claim-after-commit";
-/// Set `SEAWALL_FAULT` to this to abort after the effect and before the claim
-/// is completed.
-pub const FAULT_AFTER_EFFECT: &str = "claim-after-call";
-
-fn fault(point: &str) {
-    if std::env::var("SEAWALL_FAULT").is_ok_and(|f| f == point) {
-        tracing::error!(point, "fault injection: aborting");
-        std::process::abort();
-    }
-}
+use crate::fault::FaultPoint;
 
 /// Records a performed effect. The effect happened, so a database outage
 /// here is waited out and the completion tried again with the same guard:
@@ -79,7 +66,7 @@ pub(super) async fn apply(
         Err(err) if err.is_outage() => return Verdict::Outage(err.to_string()),
         Err(err) => return consumer.retry_or_give_up(&err.to_string(), delivered),
     };
-    fault(FAULT_AFTER_CLAIM);
+    FaultPoint::ClaimAfterCommit.hit(consumer.config.fault);
     // A panicking effect is a failed attempt of this claim, not a lost task.
     let performed = AssertUnwindSafe(effect.perform(envelope, guard.idempotency_key()))
         .catch_unwind()
@@ -87,7 +74,7 @@ pub(super) async fn apply(
         .unwrap_or_else(|panic| Err(HandlerError::Panicked(service::panic_message(&*panic))));
     match performed {
         Ok(result) => {
-            fault(FAULT_AFTER_EFFECT);
+            FaultPoint::ClaimAfterCall.hit(consumer.config.fault);
             match record(consumer, msg, &guard, result).await {
                 Ok(()) => {
                     consumer.count("processed");

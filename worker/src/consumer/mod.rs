@@ -68,6 +68,8 @@ pub struct ConsumerConfig {
     /// Longest time one delivery may be handled while in-progress acks keep
     /// it from being redelivered; after it the delivery counts as failed.
     pub max_handling: Duration,
+    /// A claim-path point to abort at (crash tests); `None` in production.
+    pub fault: Option<crate::FaultPoint>,
 }
 
 impl Default for ConsumerConfig {
@@ -80,6 +82,7 @@ impl Default for ConsumerConfig {
             nak_base: Duration::from_millis(100),
             nak_max: Duration::from_secs(30),
             max_handling: Duration::from_secs(300),
+            fault: None,
         }
     }
 }

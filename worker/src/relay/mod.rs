@@ -24,10 +24,6 @@ use service::outbox::{check_header, check_message_id};
 
 pub use store::pending_count;
 
-/// Set `SEAWALL_FAULT` to this to make a relay abort right after the PubAcks
-/// of a batch and before marking the rows published (crash tests).
-pub const FAULT_AFTER_PUBACK: &str = "relay-after-puback";
-
 /// Relay settings.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -54,6 +50,8 @@ pub struct RelayConfig {
     pub retry_max: Duration,
     /// On PostgreSQL, also wake on `LISTEN/NOTIFY` from other processes' commits.
     pub listen: bool,
+    /// A point to abort at (crash tests); `None` in production.
+    pub fault: Option<crate::FaultPoint>,
 }
 
 impl Default for RelayConfig {
@@ -68,6 +66,7 @@ impl Default for RelayConfig {
             retry_base: Duration::from_millis(200),
             retry_max: Duration::from_secs(60),
             listen: true,
+            fault: None,
         }
     }
 }
@@ -110,7 +109,6 @@ pub struct Relay {
     js: jetstream::Context,
     config: RelayConfig,
     wake: Arc<Notify>,
-    fault_after_puback: bool,
     /// Numbers the rounds, so each holds its lease under its own owner name.
     rounds: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -124,14 +122,11 @@ impl Relay {
         config: RelayConfig,
         wake: Arc<Notify>,
     ) -> Self {
-        let fault_after_puback =
-            std::env::var("SEAWALL_FAULT").is_ok_and(|f| f == FAULT_AFTER_PUBACK);
         Self {
             db,
             js,
             config,
             wake,
-            fault_after_puback,
             rounds: Arc::default(),
         }
     }
@@ -218,12 +213,7 @@ impl Relay {
         )
         .await;
         let published_in = started.elapsed() - claimed_in;
-        if self.fault_after_puback {
-            tracing::error!(
-                "fault injection: aborting after PubAck, before marking rows published"
-            );
-            std::process::abort();
-        }
+        crate::FaultPoint::RelayAfterPuback.hit(self.config.fault);
         let mut published = Vec::new();
         let mut released = Vec::new();
         for chain in results {
