@@ -37,6 +37,7 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
@@ -222,6 +223,9 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(state.clone(), auth::require_local))
         .layer(DefaultBodyLimit::max(state.config.body_limit))
+        // A span per request (method, path, status, latency), so an admin
+        // action (a retry, a release, a replay) is traceable in the logs.
+        .layer(TraceLayer::new_for_http())
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             state.config.request_timeout,
