@@ -150,7 +150,10 @@ pub async fn serve(
             wake.clone(),
         );
         let cancel = cancel.clone();
-        tasks.spawn(async move { Ok(relay.run(cancel).await?) });
+        tasks.spawn(async move {
+            relay.run(cancel).await;
+            Ok(())
+        });
     }
     if roles.consume {
         let config = ConsumerConfig {

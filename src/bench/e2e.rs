@@ -71,7 +71,10 @@ async fn measure(
         },
         {
             let cancel = cancel.clone();
-            tokio::spawn(async move { relay.run(cancel).await.map_err(anyhow::Error::from) })
+            tokio::spawn(async move {
+                relay.run(cancel).await;
+                Ok(())
+            })
         },
     ];
     let mut applied = client.subscribe(APPLIED_SUBJECT).await?;

@@ -136,7 +136,7 @@ async fn measure(
     wait_for(&latencies, bursts * 500).await?;
     let burst_lat = std::mem::take(&mut *latencies.lock().await);
     cancel.cancel();
-    relay_task.await??;
+    relay_task.await?;
     receiver.abort();
     Ok((steady_lat, burst_lat))
 }

@@ -131,7 +131,7 @@ async fn relays(
     let elapsed = started.elapsed();
     cancel.cancel();
     for t in tasks {
-        t.await??;
+        t.await?;
     }
     Ok(rows as f64 / elapsed.as_secs_f64())
 }

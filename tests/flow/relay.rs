@@ -314,7 +314,7 @@ async fn rows_committed_late_are_published_and_rolled_back_rows_never() {
     .await;
     wait_drained(&t.db, Duration::from_secs(10)).await;
     cancel.cancel();
-    running.await.unwrap().unwrap();
+    running.await.unwrap();
     let mut ids: Vec<String> = stored_on(&js, SUBJECT)
         .await
         .into_iter()

@@ -6,7 +6,10 @@
 //! why the window must be longer than the lease (checked at start-up by
 //! [`crate::streams::check_duplicate_window`]).
 
+mod batch;
 mod store;
+
+use batch::Batch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use futures::future::join_all;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, JsonValue, TransactionTrait};
+use sea_orm::{DatabaseConnection, DbBackend, DbErr, JsonValue};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -131,41 +134,43 @@ impl Relay {
         }
     }
 
-    /// One round: take a batch, publish it pipelined, record the results.
+    /// One round: take a batch, publish it (PubAcks pipelined), record each
+    /// row's outcome, finish the batch.
     ///
-    /// Where the database has row locks the batch is locked and recorded in
-    /// one transaction held open while it is published (one write per row);
-    /// on SQLite it is claimed under a lease first.
+    /// How the batch is held differs by backend (see `Batch`); the round does
+    /// not.
     ///
     /// # Errors
     /// A database error; publish failures are recorded on the rows instead.
     #[tracing::instrument(name = "relay.round", skip_all, fields(instance = %self.config.instance))]
     pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
         let started = std::time::Instant::now();
-        let report = if self.db.get_database_backend() == DbBackend::Sqlite {
-            // One owner per round: rounds in flight side by side must not
-            // release or mark each other's rows (after a slow round's lease
-            // ran out, another round may hold them).
-            let round = self
-                .rounds
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let owner = format!("{}#{round}", self.config.instance);
-            let me = owner.as_str();
-            let rows =
-                store::claim(&self.db, me, self.config.lease, self.config.batch_size).await?;
-            let (report, released) = self
-                .publish_and_record(&self.db, Some(me), rows, started)
-                .await?;
-            store::release(&self.db, me, released).await?;
-            report
-        } else {
-            let txn = self.db.begin().await?;
-            let rows = store::lock(&txn, self.config.batch_size).await?;
-            // Rows left unpublished are released by the commit.
-            let (report, _) = self.publish_and_record(&txn, None, rows, started).await?;
-            txn.commit().await?;
-            report
+        let round = self
+            .rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let owner = format!("{}#{round}", self.config.instance);
+        let mut batch =
+            Batch::take(&self.db, owner, self.config.lease, self.config.batch_size).await?;
+        let rows = std::mem::take(&mut batch.rows);
+        let claimed_in = started.elapsed();
+        let mut report = RelayReport {
+            claimed: rows.len(),
+            ..RelayReport::default()
         };
+        let published = self.publish(rows, started + self.config.lease).await;
+        let published_in = started.elapsed() - claimed_in;
+        if report.claimed > 0 {
+            crate::FaultPoint::RelayAfterPuback.hit(self.config.fault);
+        }
+        let unpublished = self.record(&batch, published, &mut report).await?;
+        batch.finish(unpublished).await?;
+        tracing::debug!(
+            rows = report.claimed,
+            claim_ms = claimed_in.as_secs_f64() * 1e3,
+            publish_ms = published_in.as_secs_f64() * 1e3,
+            record_ms = (started.elapsed() - claimed_in - published_in).as_secs_f64() * 1e3,
+            "relay batch"
+        );
         // Counted once the outcome is durable.
         if report.claimed > 0 {
             metrics::histogram!("seawall_relay_batch_size").record(report.claimed as f64);
@@ -176,26 +181,14 @@ impl Relay {
         Ok(report)
     }
 
-    /// Publishes `rows` (held by `owner`'s lease, or by row locks in `conn`
-    /// when `None`) and records each outcome; returns the report and the rows
-    /// to hand back unpublished.
-    async fn publish_and_record<C: ConnectionTrait>(
+    /// Publishes `rows`: rows sharing an ordering key one after another (each
+    /// waits for the previous PubAck), everything else in flight at once; no
+    /// publish starts after `deadline`.
+    async fn publish(
         &self,
-        conn: &C,
-        owner: Option<&str>,
         rows: Vec<outbox_message::Model>,
-        started: std::time::Instant,
-    ) -> Result<(RelayReport, Vec<i64>), RelayError> {
-        let claimed_in = started.elapsed();
-        let mut report = RelayReport {
-            claimed: rows.len(),
-            ..RelayReport::default()
-        };
-        if rows.is_empty() {
-            return Ok((report, Vec::new()));
-        }
-        // Rows sharing an ordering key are published one after another (each
-        // waits for the previous PubAck); everything else is in flight at once.
+        deadline: std::time::Instant,
+    ) -> Vec<ChainResult> {
         let mut chains: BTreeMap<String, Vec<outbox_message::Model>> = BTreeMap::new();
         let mut singles = Vec::new();
         for row in rows {
@@ -204,33 +197,34 @@ impl Relay {
                 None => singles.push(vec![row]),
             }
         }
-        let deadline = started + self.config.lease;
-        let results = join_all(
+        join_all(
             chains
                 .into_values()
                 .chain(singles)
                 .map(|chain| self.publish_chain(chain, deadline)),
         )
-        .await;
-        let published_in = started.elapsed() - claimed_in;
-        crate::FaultPoint::RelayAfterPuback.hit(self.config.fault);
+        .await
+    }
+
+    /// Records each chain's outcome on the batch; returns the rows to give
+    /// back unpublished.
+    async fn record(
+        &self,
+        batch: &Batch,
+        chains: Vec<ChainResult>,
+        report: &mut RelayReport,
+    ) -> Result<Vec<i64>, RelayError> {
         let mut published = Vec::new();
-        let mut released = Vec::new();
-        for chain in results {
+        let mut unpublished = Vec::new();
+        for chain in chains {
             published.extend(chain.published);
-            released.extend(chain.skipped);
+            unpublished.extend(chain.skipped);
             if let Some((row, error)) = chain.failed {
                 report.failed += 1;
                 let retry_after = self.backoff(row.attempts);
-                if store::mark_failed(
-                    conn,
-                    owner,
-                    &row,
-                    &error,
-                    retry_after,
-                    self.config.max_attempts,
-                )
-                .await?
+                if batch
+                    .mark_failed(&row, &error, retry_after, self.config.max_attempts)
+                    .await?
                 {
                     report.dead += 1;
                     tracing::error!(message_id = %row.message_id, subject = %row.subject, %error, "outbox row is dead after its attempt limit");
@@ -239,16 +233,9 @@ impl Relay {
                 }
             }
         }
-        report.published = usize::try_from(store::mark_published(conn, owner, published).await?)
-            .unwrap_or(usize::MAX);
-        tracing::debug!(
-            rows = report.claimed,
-            claim_ms = claimed_in.as_secs_f64() * 1e3,
-            publish_ms = published_in.as_secs_f64() * 1e3,
-            record_ms = (started.elapsed() - claimed_in - published_in).as_secs_f64() * 1e3,
-            "relay batch"
-        );
-        Ok((report, released))
+        report.published =
+            usize::try_from(batch.mark_published(published).await?).unwrap_or(usize::MAX);
+        Ok(unpublished)
     }
 
     /// Publishes a key's rows one after another, stopping at the first
@@ -263,7 +250,7 @@ impl Relay {
         while let Some(mut row) = rows.next_if(|_| std::time::Instant::now() < deadline) {
             // The payload is not needed after publishing: move it, don't copy it.
             let payload = std::mem::take(&mut row.payload);
-            match self.publish(&row, payload).await {
+            match self.publish_row(&row, payload).await {
                 Ok(()) => result.published.push(row.id),
                 Err(error) => {
                     result.failed = Some((row, error));
@@ -275,7 +262,11 @@ impl Relay {
         result
     }
 
-    async fn publish(&self, row: &outbox_message::Model, payload: Vec<u8>) -> Result<(), String> {
+    async fn publish_row(
+        &self,
+        row: &outbox_message::Model,
+        payload: Vec<u8>,
+    ) -> Result<(), String> {
         let started = std::time::Instant::now();
         let message = publish_message(row, payload)?;
         let ack: PublishAckFuture = self
@@ -300,11 +291,9 @@ impl Relay {
     /// sleeps until this process commits outbox rows, PostgreSQL notifies a
     /// commit elsewhere, or the poll interval passes. Rounds in flight are
     /// finished before returning.
-    ///
-    /// # Errors
-    /// Never for database trouble (logged and retried after the poll
-    /// interval); only if the PostgreSQL listener cannot be set up at all.
-    pub async fn run(&self, cancel: CancellationToken) -> Result<(), RelayError> {
+    /// Database trouble is logged and retried after the poll interval; a
+    /// relay never gives up on its own.
+    pub async fn run(&self, cancel: CancellationToken) {
         let _listener =
             if self.config.listen && self.db.get_database_backend() == DbBackend::Postgres {
                 Some(crate::notify::spawn_pg_listener(
@@ -318,7 +307,6 @@ impl Relay {
         tracing::info!(instance = %self.config.instance, concurrency = self.config.concurrency, "outbox relay started");
         join_all((0..self.config.concurrency.max(1)).map(|_| self.lane(&cancel))).await;
         tracing::info!(instance = %self.config.instance, "outbox relay stopped");
-        Ok(())
     }
 
     /// One sequence of rounds; [`Relay::run`] runs several side by side.

@@ -16,8 +16,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, LockBehavior, LockType, Query, SelectStatement};
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
-    DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, TransactionTrait,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
+    EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, TransactionTrait,
 };
 
 use entity::outbox_message::{self, Column};
@@ -101,7 +101,9 @@ pub(crate) async fn lock(
     Ok(rows.into_iter().filter(|r| keep.contains(&r.id)).collect())
 }
 
-/// Claims up to `limit` publishable rows for `me` until `now + lease`.
+/// Claims up to `limit` publishable rows for `me` until `now + lease` (SQLite,
+/// where `BEGIN IMMEDIATE` serialises claimers; the other backends lock rows
+/// with [`lock`] instead).
 ///
 /// A row with an ordering key is only claimed together with every earlier
 /// unpublished row of its key, so a key's rows are never in flight from two
@@ -114,16 +116,14 @@ pub(crate) async fn claim(
     limit: u64,
 ) -> Result<Vec<outbox_message::Model>, DbErr> {
     let now = Utc::now();
-    let backend = db.get_database_backend();
     let txn = db.begin_with_options(service::db::BEGIN_IMMEDIATE).await?;
-    let mut query = publishable(now, limit)
+    let candidates: Vec<(i64, Option<String>)> = publishable(now, limit)
         .select_only()
         .column(Column::Id)
-        .column(Column::OrderingKey);
-    if backend != DbBackend::Sqlite {
-        query = query.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-    }
-    let candidates: Vec<(i64, Option<String>)> = query.into_tuple().all(&txn).await?;
+        .column(Column::OrderingKey)
+        .into_tuple()
+        .all(&txn)
+        .await?;
     let ids = keep_key_prefixes(&txn, candidates).await?;
     if ids.is_empty() {
         txn.commit().await?;
