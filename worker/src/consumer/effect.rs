@@ -1,108 +1,136 @@
-//! The claim path: side effects outside the transaction (docs/architecture.md, rule 8).
+//! The claim path: side effects outside the transaction (docs/architecture.md,
+//! rule 8). Claim, perform, complete; each ending is a [`Handled`], like the
+//! transactional path's, for the consumer to decide on.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use chrono::Utc;
 use futures::FutureExt;
-
-use async_nats::jetstream;
+use sea_orm::DatabaseConnection;
 
 use service::claim::{ClaimError, ClaimGuard, ClaimOutcome, ClaimPolicy, claim};
-use service::{Effect, Envelope, HandlerError};
+use service::{ConsumerName, Effect, Envelope, HandlerError};
 
-use super::{Consumer, Verdict};
+use super::Handled;
 use crate::fault::FaultPoint;
 
-/// Records a performed effect. The effect happened, so a database outage
-/// here is waited out and the completion tried again with the same guard:
-/// handling the delivery again would find this instance's own live claim and,
-/// once its lease ran out, perform the effect a second time.
-async fn record(
-    consumer: &Consumer,
-    msg: &jetstream::Message,
-    guard: &ClaimGuard,
-    result: Option<String>,
-) -> Result<(), ClaimError> {
-    loop {
-        match guard.complete(result.clone()).await {
-            Err(err) if err.is_outage() => {
-                tracing::warn!(error = %err, "effect performed, not yet recorded: database unreachable; waiting to record it");
-                consumer.pause();
-                if !consumer.wait_for_database(msg).await {
-                    return Err(err);
+/// Where the claim path ended.
+pub(super) enum Step {
+    /// A final ending.
+    Handled(Handled),
+    /// The effect was performed but the database was unreachable when it was
+    /// to be recorded: the consumer waits the outage out and records it with
+    /// this same guard (handling the delivery again would find its own live
+    /// claim and, once the lease ran out, perform the effect a second time).
+    Unrecorded {
+        /// The claim this instance still holds.
+        guard: ClaimGuard,
+        /// The effect's result, to record.
+        result: Option<String>,
+    },
+}
+
+/// What the claim path needs from its consumer.
+pub(super) struct Claimer<'a> {
+    pub(super) db: &'a DatabaseConnection,
+    pub(super) consumer: &'a ConsumerName,
+    pub(super) policy: &'a ClaimPolicy,
+    pub(super) fault: Option<FaultPoint>,
+}
+
+impl Claimer<'_> {
+    /// Claims, performs, completes.
+    pub(super) async fn apply(&self, envelope: &Envelope, effect: &dyn Effect) -> Step {
+        let guard = match claim(self.db, envelope, self.consumer, self.policy).await {
+            Ok(ClaimOutcome::Acquired(guard)) => guard,
+            Ok(ClaimOutcome::AlreadyProcessed) => {
+                return Step::Handled(Handled::Done { duplicate: true });
+            }
+            Ok(ClaimOutcome::Quarantined) => return Step::Handled(Handled::Parked),
+            Ok(ClaimOutcome::InProgress { lease_until }) => {
+                let wait = (lease_until - Utc::now()).to_std().unwrap_or_default();
+                tracing::info!(
+                    ?wait,
+                    "claim held by another instance; nak until its lease ends"
+                );
+                return Step::Handled(Handled::Held(wait.max(Duration::from_millis(50))));
+            }
+            Err(err) if err.is_outage() => return Step::Handled(Handled::Outage(err.to_string())),
+            Err(err) => return Step::Handled(Handled::failed(err.to_string())),
+        };
+        FaultPoint::ClaimAfterCommit.hit(self.fault);
+        // A panicking effect is a failed attempt of this claim, not a lost task.
+        let performed = AssertUnwindSafe(effect.perform(envelope, guard.idempotency_key()))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(HandlerError::Panicked(service::panic_message(&*panic))));
+        match performed {
+            Ok(result) => {
+                FaultPoint::ClaimAfterCall.hit(self.fault);
+                match guard.complete(result.clone()).await {
+                    Err(err) if err.is_outage() => {
+                        tracing::warn!(error = %err, "effect performed, not yet recorded: database unreachable; waiting to record it");
+                        Step::Unrecorded { guard, result }
+                    }
+                    completed => Step::Handled(self.completed(completed)),
                 }
             }
-            other => return other,
+            Err(err) => {
+                let reason = err.to_string();
+                if let Err(release) = guard.fail(&reason).await {
+                    tracing::warn!(error = %release, "could not release the claim; it will expire");
+                }
+                Step::Handled(match err {
+                    HandlerError::Rejected(_) => Handled::Failed {
+                        reason,
+                        permanent: true,
+                    },
+                    _ => Handled::failed(reason),
+                })
+            }
+        }
+    }
+
+    /// What recording a performed effect came to.
+    pub(super) fn completed(&self, completed: Result<(), ClaimError>) -> Handled {
+        match completed {
+            Ok(()) => Handled::Done { duplicate: false },
+            // Another instance holds the claim under a live lease. Its
+            // message must not be settled here: should that instance die
+            // too, a redelivery is what takes the claim over.
+            Err(err @ ClaimError::LeaseLost { .. }) => {
+                tracing::info!(error = %err, "claim taken over while the effect ran; nak until the other lease ends");
+                Handled::Held(self.policy.lease)
+            }
+            // Quarantined meanwhile: its dead letter is written.
+            Err(ClaimError::Quarantined { .. }) => Handled::Parked,
+            Err(err) if err.is_outage() => Handled::Outage(err.to_string()),
+            Err(err) => Handled::failed(err.to_string()),
         }
     }
 }
 
-/// Claims, performs, completes; turns each outcome into a verdict.
-pub(super) async fn apply(
-    consumer: &Consumer,
-    msg: &jetstream::Message,
-    envelope: &Envelope,
-    effect: &dyn Effect,
-    policy: &ClaimPolicy,
-    delivered: i64,
-) -> Verdict {
-    let db = consumer.inbox.executor().db();
-    let guard = match claim(db, envelope, &consumer.registration.consumer, policy).await {
-        Ok(ClaimOutcome::Acquired(guard)) => guard,
-        Ok(ClaimOutcome::AlreadyProcessed) => {
-            consumer.count("duplicate");
-            return Verdict::Ack;
-        }
-        Ok(ClaimOutcome::Quarantined) => return Verdict::Term,
-        Ok(ClaimOutcome::InProgress { lease_until }) => {
-            let wait = (lease_until - Utc::now()).to_std().unwrap_or_default();
-            tracing::info!(
-                ?wait,
-                "claim held by another instance; nak until its lease ends"
-            );
-            return Verdict::Nak(wait.max(Duration::from_millis(50)));
-        }
-        Err(err) if err.is_outage() => return Verdict::Outage(err.to_string()),
-        Err(err) => return consumer.retry_or_give_up(&err.to_string(), delivered),
-    };
-    FaultPoint::ClaimAfterCommit.hit(consumer.config.fault);
-    // A panicking effect is a failed attempt of this claim, not a lost task.
-    let performed = AssertUnwindSafe(effect.perform(envelope, guard.idempotency_key()))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| Err(HandlerError::Panicked(service::panic_message(&*panic))));
-    match performed {
-        Ok(result) => {
-            FaultPoint::ClaimAfterCall.hit(consumer.config.fault);
-            match record(consumer, msg, &guard, result).await {
-                Ok(()) => {
-                    consumer.count("processed");
-                    Verdict::Ack
+/// Records `guard`'s effect, waiting out database outages with `wait`
+/// (which returns `false` when the consumer is stopping).
+pub(super) async fn record<W, F>(
+    claimer: &Claimer<'_>,
+    guard: &ClaimGuard,
+    result: Option<String>,
+    mut wait: W,
+) -> Handled
+where
+    W: FnMut() -> F,
+    F: std::future::Future<Output = bool>,
+{
+    loop {
+        match guard.complete(result.clone()).await {
+            Err(err) if err.is_outage() => {
+                if !wait().await {
+                    return Handled::Outage(err.to_string());
                 }
-                // Another instance holds the claim under a live lease. Its
-                // message must not be settled here: should that instance
-                // die too, a redelivery is what takes the claim over.
-                Err(err @ ClaimError::LeaseLost { .. }) => {
-                    tracing::info!(error = %err, "claim taken over while the effect ran; nak until the other lease ends");
-                    Verdict::Nak(policy.lease)
-                }
-                // Quarantined meanwhile: its dead letter is written.
-                Err(ClaimError::Quarantined { .. }) => Verdict::Term,
-                Err(err) if err.is_outage() => Verdict::Outage(err.to_string()),
-                Err(err) => consumer.retry_or_give_up(&err.to_string(), delivered),
             }
-        }
-        Err(err) => {
-            consumer.count("failed");
-            let reason = err.to_string();
-            if let Err(release) = guard.fail(&reason).await {
-                tracing::warn!(error = %release, "could not release the claim; it will expire");
-            }
-            match err {
-                HandlerError::Rejected(_) => Verdict::DeadLetter(reason),
-                _ => consumer.retry_or_give_up(&reason, delivered),
-            }
+            completed => return claimer.completed(completed),
         }
     }
 }

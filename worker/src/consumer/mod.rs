@@ -273,24 +273,25 @@ impl Consumer {
                     );
                     break;
                 }
-                let mut verdict = match &envelope {
+                let mut handled = match &envelope {
                     Ok(envelope) => self.decide(&msg, envelope, delivered).await,
-                    Err(err) => Verdict::DeadLetter(format!("unusable message: {err}")),
+                    Err(err) => Handled::Failed {
+                        reason: format!("unusable message: {err}"),
+                        permanent: true,
+                    },
                 };
-                if let Verdict::Outage(reason) = &verdict {
+                if let Handled::Outage(reason) = &handled {
                     holds += 1;
                     if holds > MAX_HOLDS {
-                        self.count("failed");
-                        verdict = self.retry_or_give_up(
-                            &format!("{reason} (failed {holds} times while the database answered)"),
-                            delivered,
-                        );
+                        handled = Handled::failed(format!(
+                            "{reason} (failed {holds} times while the database answered)"
+                        ));
                     }
                 }
                 let settled = self
                     .settle(
                         &msg,
-                        verdict,
+                        handled,
                         &subject,
                         message_id.as_deref(),
                         &headers,
@@ -314,34 +315,44 @@ impl Consumer {
         msg: &jetstream::Message,
         envelope: &Envelope,
         delivered: i64,
-    ) -> Verdict {
+    ) -> Handled {
         if delivered > self.max_deliver() + CRASH_ALLOWANCE {
-            return Verdict::DeadLetter(format!(
-                "delivered {delivered} times without an outcome: handling it may be crashing the process"
-            ));
+            return Handled::Failed {
+                reason: format!(
+                    "delivered {delivered} times without an outcome: handling it may be crashing the process"
+                ),
+                permanent: true,
+            };
         }
         let handling = async {
             match &self.registration.kind {
-                HandlerKind::Transaction(handler) => {
-                    self.apply(envelope, handler.as_ref(), delivered).await
-                }
+                HandlerKind::Transaction(handler) => self.apply(envelope, handler.as_ref()).await,
                 HandlerKind::Effect(effect, policy) => {
-                    effect::apply(self, msg, envelope, effect.as_ref(), policy, delivered).await
+                    let claimer = effect::Claimer {
+                        db: self.inbox.executor().db(),
+                        consumer: &self.registration.consumer,
+                        policy,
+                        fault: self.config.fault,
+                    };
+                    match claimer.apply(envelope, effect.as_ref()).await {
+                        effect::Step::Handled(handled) => handled,
+                        effect::Step::Unrecorded { guard, result } => {
+                            effect::record(&claimer, &guard, result, || async {
+                                self.pause();
+                                self.wait_for_database(msg).await
+                            })
+                            .await
+                        }
+                    }
                 }
             }
         };
         match self.keep_alive(msg, handling).await {
-            Some(verdict) => verdict,
-            None => {
-                self.count("failed");
-                self.retry_or_give_up(
-                    &format!(
-                        "handling took longer than {:?} (max handling time)",
-                        self.config.max_handling
-                    ),
-                    delivered,
-                )
-            }
+            Some(handled) => handled,
+            None => Handled::failed(format!(
+                "handling took longer than {:?} (max handling time)",
+                self.config.max_handling
+            )),
         }
     }
 
@@ -415,31 +426,47 @@ impl Consumer {
     }
 
     /// The transactional path: the handler behind the inbox marker.
-    async fn apply(
-        &self,
-        envelope: &Envelope,
-        handler: &dyn service::Handle<()>,
-        delivered: i64,
-    ) -> Verdict {
+    async fn apply(&self, envelope: &Envelope, handler: &dyn service::Handle<()>) -> Handled {
         match self
             .inbox
             .process(envelope, &self.registration.consumer, handler)
             .await
         {
-            Ok(outcome) => {
-                let duplicate = matches!(outcome, service::Outcome::Duplicate);
-                self.count(if duplicate { "duplicate" } else { "processed" });
-                Verdict::Ack
+            Ok(outcome) => Handled::Done {
+                duplicate: matches!(outcome, service::Outcome::Duplicate),
+            },
+            Err(err) if err.is_outage() => Handled::Outage(err.to_string()),
+            Err(err) => Handled::Failed {
+                reason: err.to_string(),
+                permanent: err.is_permanent(),
+            },
+        }
+    }
+
+    /// The one decision: what handling came to, and which delivery this was,
+    /// become what JetStream is told.
+    fn verdict(&self, handled: Handled, delivered: i64) -> Verdict {
+        match handled {
+            Handled::Done { .. } => Verdict::Ack,
+            Handled::Failed {
+                reason,
+                permanent: true,
+            } => Verdict::DeadLetter(reason),
+            Handled::Failed { reason, .. } if delivered >= self.max_deliver() => {
+                Verdict::DeadLetter(format!("gave up after {delivered} deliveries: {reason}"))
             }
-            Err(err) if err.is_outage() => Verdict::Outage(err.to_string()),
-            Err(err) => {
-                self.count("failed");
-                if err.is_permanent() {
-                    Verdict::DeadLetter(err.to_string())
-                } else {
-                    self.retry_or_give_up(&err.to_string(), delivered)
-                }
+            Handled::Failed { reason, .. } => {
+                let delay = self.nak_delay(delivered);
+                tracing::warn!(
+                    error = reason,
+                    ?delay,
+                    "handling failed; nak for redelivery"
+                );
+                Verdict::Nak(delay)
             }
+            Handled::Held(wait) => Verdict::Nak(wait),
+            Handled::Parked => Verdict::Term,
+            Handled::Outage(reason) => Verdict::Outage(reason),
         }
     }
 
@@ -449,29 +476,25 @@ impl Consumer {
             .increment(1);
     }
 
-    /// Nak for redelivery, or dead-letter when this was the last allowed delivery.
-    fn retry_or_give_up(&self, error: &str, delivered: i64) -> Verdict {
-        if delivered >= self.max_deliver() {
-            Verdict::DeadLetter(format!("gave up after {delivered} deliveries: {error}"))
-        } else {
-            let delay = self.nak_delay(delivered);
-            tracing::warn!(error, ?delay, "handling failed; nak for redelivery");
-            Verdict::Nak(delay)
-        }
-    }
-
-    /// Tells JetStream the verdict. `Err` when the database was unreachable,
-    /// so nothing was settled and the caller holds the delivery.
+    /// Counts the outcome and tells JetStream the verdict. `Err` when the
+    /// database was unreachable, so nothing was settled and the caller holds
+    /// the delivery.
     async fn settle(
         &self,
         msg: &jetstream::Message,
-        verdict: Verdict,
+        handled: Handled,
         subject: &str,
         message_id: Option<&str>,
         headers: &BTreeMap<String, String>,
         delivered: i64,
     ) -> Result<(), Unreachable> {
-        match verdict {
+        match &handled {
+            Handled::Done { duplicate: true } => self.count("duplicate"),
+            Handled::Done { duplicate: false } => self.count("processed"),
+            Handled::Failed { .. } => self.count("failed"),
+            Handled::Held(_) | Handled::Parked | Handled::Outage(_) => {}
+        }
+        match self.verdict(handled, delivered) {
             Verdict::Ack => {
                 if let Err(err) = msg.double_ack().await {
                     tracing::warn!(error = %err, "ack not confirmed; a redelivery will be a Duplicate");
@@ -574,6 +597,43 @@ async fn progress(msg: &jetstream::Message) {
 fn log_task_failure(done: Result<(), tokio::task::JoinError>) {
     if let Err(err) = done {
         tracing::error!(error = %err, "a message task failed; its delivery will be redelivered");
+    }
+}
+
+/// What handling one delivery came to, whichever path handled it; one
+/// function (`Consumer::verdict`) turns it and the delivery count into what
+/// JetStream is told.
+#[derive(Debug)]
+enum Handled {
+    /// Applied now, or found applied before.
+    Done {
+        /// Found applied before.
+        duplicate: bool,
+    },
+    /// Failed for a reason of the message's own.
+    Failed {
+        /// Why, for the log and the dead letter.
+        reason: String,
+        /// No redelivery can succeed (malformed, rejected, a business
+        /// constraint): dead-letter now.
+        permanent: bool,
+    },
+    /// Another instance holds its claim: look again after this long. Not a
+    /// failure.
+    Held(Duration),
+    /// Its claim is quarantined: a person decides; the dead letter exists.
+    Parked,
+    /// The database was unreachable: not the message's fault.
+    Outage(String),
+}
+
+impl Handled {
+    /// A failure a redelivery may not meet.
+    fn failed(reason: String) -> Self {
+        Self::Failed {
+            reason,
+            permanent: false,
+        }
     }
 }
 
