@@ -1,6 +1,7 @@
 //! A TCP proxy between seawall and its database, to cut the connection on
-//! purpose: all of it (an outage), or right after forwarding a `COMMIT` (a
-//! commit whose outcome the client never learns).
+//! purpose: all of it (an outage), or once the server has answered a
+//! forwarded `COMMIT`, swallowing the answer (a commit whose outcome the
+//! client never learns).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,8 +66,8 @@ impl Proxy {
         self.state.up.send_replace(true);
     }
 
-    /// Cuts the connection that sends the next `COMMIT`, right after
-    /// forwarding it: the server commits, the client never hears.
+    /// Cuts the connection that sends the next `COMMIT` once the server has
+    /// answered it: the server commits, the client never hears.
     pub fn drop_next_commit(&self) {
         self.state.drop_next_commit.store(true, Ordering::SeqCst);
     }
@@ -97,6 +98,10 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     let mut up = state.up.subscribe();
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
+    // Set when a COMMIT is forwarded to be cut: the server's answer to it is
+    // swallowed and the connection closed, so the server has committed and
+    // the client never hears.
+    let cut = AtomicBool::new(false);
     let to_server = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -104,13 +109,13 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if server_write.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
             if contains(&buf[..n], b"COMMIT")
                 && state.drop_next_commit.swap(false, Ordering::SeqCst)
             {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
+                cut.store(true, Ordering::SeqCst);
+            }
+            if server_write.write_all(&buf[..n]).await.is_err() {
                 return;
             }
         }
@@ -122,6 +127,9 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            if cut.load(Ordering::SeqCst) {
+                return;
+            }
             if client_write.write_all(&buf[..n]).await.is_err() {
                 return;
             }
