@@ -1,0 +1,1 @@
+"""The fault-injection soak's parts (see scripts/soak.py)."""

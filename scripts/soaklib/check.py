@@ -1,0 +1,198 @@
+"""The soak's checker: every invariant, read from PostgreSQL (psql) and the
+stream (nats-py). It runs inside a soak, or on its own against a database and
+a stream that a soak left behind:
+
+    python3 scripts/soaklib/check.py --pg-url postgres://postgres@127.0.0.1:55432 \\
+        --db soak_1796079971 --nats-url nats://127.0.0.1:54300 --seed 2026 --messages 100000
+"""
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import nats
+
+from soaklib.common import NATS_ERRORS, now
+from soaklib.load import Load
+
+
+class Checks:
+    """Mixed into the soak and the standalone checker."""
+
+    def psql(self, sql):
+        host_port = self.args.pg_url.split("@")[-1]
+        host, port = host_port.split(":")
+        out = subprocess.run(["psql", "-h", host, "-p", port, "-U", "postgres", "-d", self.db, "-At", "-F", "\t", "-c", sql],
+                             check=True, capture_output=True, text=True).stdout
+        return [line.split("\t") for line in out.splitlines() if line]
+
+    async def consumer_state(self):
+        """Messages pending or unacknowledged, summed over both consumers."""
+        nc = await nats.connect(servers=self.nats_url.split(","))
+        js = nc.jetstream()
+        pending = ack_pending = 0
+        for name in ("credit", "notify"):
+            info = await js.consumer_info("CREDITS", name)
+            pending += info.num_pending
+            ack_pending += info.num_ack_pending
+        await nc.close()
+        return pending, ack_pending
+
+    async def wait_drained(self, expected_credits, timeout):
+        """Waits until every valid message is credited, the outbox is empty and
+        the consumer has nothing pending; on timeout the checker still runs
+        and reports what is missing."""
+        deadline = now() + timeout
+        last_report = 0.0
+        while now() < deadline:
+            try:
+                credits = int(self.psql("SELECT count(*) FROM credit")[0][0])
+                pending = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL AND dead_at IS NULL")[0][0])
+                num_pending, ack_pending = await self.consumer_state()
+                if credits >= expected_credits and pending == 0 and num_pending == 0 and ack_pending == 0:
+                    return True
+                if now() - last_report > 10:
+                    last_report = now()
+                    self.log("waiting", f"credits {credits}/{expected_credits}, outbox pending {pending}, "
+                                        f"stream pending {num_pending}, ack pending {ack_pending}")
+            except (subprocess.CalledProcessError, ValueError, *NATS_ERRORS) as e:
+                print("waiting:", e, flush=True)
+            await asyncio.sleep(1)
+        self.log("timeout", "the system did not drain in time; checking anyway")
+        return False
+
+    async def applied_events(self):
+        nc = await nats.connect(servers=self.nats_url.split(","))
+        js = nc.jetstream()
+        info = await js.stream_info("CREDITS")
+        counts = {}
+        sub = await js.subscribe("credits.applied", ordered_consumer=True)
+        total = 0
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=5)
+                total += 1
+                mid = (msg.headers or {}).get("Nats-Msg-Id", "")
+                counts[mid] = counts.get(mid, 0) + 1
+        except nats.errors.TimeoutError:
+            pass  # read to the end
+        await nc.close()
+        return total, counts, info.config.num_replicas
+
+    async def check(self, valid, malformed, missing):
+        failures = []
+
+        def expect(ok, what):
+            print(("  ok   " if ok else "  FAIL ") + what, flush=True)
+            if not ok:
+                failures.append(what)
+
+        credits = {row[0]: (row[1], int(row[2])) for row in self.psql("SELECT message_id, account_id, amount FROM credit")}
+        valid_ids = {f"soak-{i}" for i in valid}
+        expect(len(credits) == len(valid_ids) and set(credits) == valid_ids,
+               f"credits == distinct valid message ids ({len(credits)} credits, {len(valid_ids)} valid ids)")
+        dup_credits = self.psql("SELECT message_id FROM credit GROUP BY message_id HAVING count(*) > 1")
+        expect(not dup_credits, f"no message credited twice ({len(dup_credits)} were)")
+        expected_balance = {}
+        for i in valid:
+            expected_balance[self.account(i)] = expected_balance.get(self.account(i), 0) + self.amount(i)
+        balances = {row[0]: int(row[1]) for row in self.psql("SELECT account_id, balance FROM account")}
+        expect(balances == expected_balance, f"each account's balance == the sum of its distinct credits ({len(balances)} accounts)")
+        markers = self.psql("SELECT count(*), count(DISTINCT message_id) FROM inbox_message WHERE consumer = 'credit'")[0]
+        expect(int(markers[0]) == len(valid_ids) == int(markers[1]), f"each valid id has one inbox marker ({markers[0]} markers)")
+        dead = self.psql("SELECT coalesce(message_id, ''), error FROM dead_letter")
+        dead_ids = {row[0] for row in dead if row[0]}
+        malformed_ids = {f"soak-{i}" for i in malformed}
+        expect(malformed_ids <= dead_ids, f"every malformed message is dead-lettered ({len(malformed_ids & dead_ids)}/{len(malformed_ids)})")
+        no_id = sum(1 for row in dead if not row[0])
+        expect(no_id >= len(missing), f"every id-less message is dead-lettered ({no_id} rows for {len(missing)} messages)")
+        expect(dead_ids <= malformed_ids, f"nothing else is dead-lettered ({len(dead_ids - malformed_ids)} others)")
+        letters_by = dict(self.psql("SELECT consumer, count(*) FROM dead_letter GROUP BY consumer"))
+        expect(set(letters_by) <= {"credit"}, f"only the credit consumer dead-letters (malformed input): {letters_by}")
+        unpublished = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL AND message_id NOT LIKE 'poison-%'")[0][0])
+        outbox_rows = int(self.psql("SELECT count(*) FROM outbox_message WHERE message_id NOT LIKE 'poison-%'")[0][0])
+        expect(unpublished == 0, f"every outbox row is published ({unpublished} are not)")
+        poison = self.psql("SELECT count(*), count(*) FILTER (WHERE dead_at IS NOT NULL AND published_at IS NULL AND last_error IS NOT NULL) "
+                           "FROM outbox_message WHERE message_id LIKE 'poison-%'")[0]
+        expect(int(poison[0]) == self.poison_rows == int(poison[1]),
+               f"every poison row ends dead with its error, unpublished ({poison[1]}/{self.poison_rows})")
+        total, counts, replicas = await self.applied_events()
+        repeated = sum(1 for n in counts.values() if n > 1)
+        expect(replicas == 3, f"the stream is replicated R{replicas}")
+        expect(total == outbox_rows and repeated == 0,
+               f"credits.applied holds exactly one message per event ({total} messages, {outbox_rows} events, {repeated} repeated)")
+        open_claims = int(self.psql("SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND processed_at IS NULL "
+                                    "AND quarantined_at IS NULL AND (lease_until IS NULL OR lease_until < now())")[0][0])
+        expect(open_claims == 0, f"no claim is left open without a live owner ({open_claims} are)")
+        both = int(self.psql("SELECT count(*) FROM inbox_message WHERE processed_at IS NOT NULL AND quarantined_at IS NOT NULL")[0][0])
+        expect(both == 0, f"no claim is both processed and quarantined ({both} are)")
+        notified = int(self.psql("SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND processed_at IS NOT NULL")[0][0])
+        received = self.webhook.keys if self.webhook else None
+        missed = [k for k in (row[0] for row in self.psql("SELECT message_id FROM outbox_message WHERE published_at IS NOT NULL"))
+                  if received is not None and k not in received]
+        expect(notified == outbox_rows and not missed,
+               f"every event's webhook call is recorded ({notified}/{outbox_rows}; {len(missed)} never reached the receiver)")
+        if self.recoveries is not None and "commit" in self.args.faults.split(","):
+            expect(self.commits_cut > 0, f"the proxy cut COMMITs ({self.commits_cut})")
+        panics = [name for name, path in self.logs.items() if "panicked" in open(path, errors="replace").read()]
+        expect(not panics, f"no process panicked ({panics})")
+        if self.recoveries is not None:
+            planned = len(self.planned_faults())
+            expect(len(self.recoveries) >= planned, f"readyz answered after each fault ({len(self.recoveries)} recoveries)")
+        return failures, {"credits": len(credits), "valid": len(valid_ids), "malformed": len(malformed), "missing_id": len(missing),
+                          "dead_letters": len(dead), "outbox_rows": outbox_rows, "applied_events": total,
+                          "poison_rows": self.poison_rows, "commits_cut": self.commits_cut,
+                          "webhook_calls": self.webhook.calls if self.webhook else None,
+                          "notified": notified}
+
+    def throughput(self):
+        rows = self.psql("SELECT (extract(epoch FROM created_at)::bigint / 10) * 10 AS b, count(*) FROM credit GROUP BY b ORDER BY b")
+        if not rows:
+            return []
+        first = int(rows[0][0])
+        return [(int(b) - first, int(n) / 10) for b, n in rows]
+
+
+
+class StandaloneCheck(Checks, Load):
+    """The checker without a soak around it: the plan is recomputed from the
+    seed; what only a running soak knows (webhook calls seen, recoveries,
+    cut COMMITs) is not checked."""
+
+    def __init__(self, args):
+        self.args = args
+        self.db = args.db
+        self.nats_url = args.nats_url
+        self.poison_rows = args.poison_rows
+        self.commits_cut = None
+        self.webhook = None
+        self.recoveries = None
+        self.logs = {}
+        self.rng = random.Random(args.seed)
+
+    def log(self, event, detail=""):
+        print(f"{event} {detail}", flush=True)
+
+
+async def standalone(args):
+    checker = StandaloneCheck(args)
+    valid, malformed, missing = checker.plan_messages()
+    failures, counts = await checker.check(valid, malformed, missing)
+    print(counts)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:55432")
+    p.add_argument("--db", required=True)
+    p.add_argument("--nats-url", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--messages", type=int, required=True)
+    p.add_argument("--poison-rows", type=int, default=4)
+    sys.exit(asyncio.run(standalone(p.parse_args())))

@@ -1,0 +1,220 @@
+"""The soak's servers and processes: a 3-node NATS JetStream cluster, the
+seawall processes, the TCP proxy that cuts COMMITs, the webhook receiver."""
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import nats
+from nats.js.api import StreamConfig
+
+from soaklib.common import NATS_ERRORS, now
+
+
+class Webhook:
+    """The notify consumer's receiver: answers 200 and remembers each
+    Idempotency-Key it saw."""
+
+    def __init__(self, port):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/hook"
+        self.keys = set()
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(length)
+                outer.keys.add(self.headers.get("Idempotency-Key", ""))
+                outer.calls += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+
+    def start(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+
+
+
+class Cluster:
+    """Mixed into the soak: starting, waiting for and stopping what runs."""
+
+    # ---- NATS cluster -------------------------------------------------
+    def ports_free(self):
+        """Refuses to start over servers left by an earlier soak that was
+        killed: its stream would mix old messages into this run's checks."""
+        # (The webhook receiver has bound its own port already.)
+        ports = [p for ports in self.nats_ports for p in ports] + [self.api_port, self.proxy_port]
+        for port in ports:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    raise RuntimeError(f"port {port} is in use (a nats-server of an earlier soak?); stop it first")
+
+    def start_nats(self, i):
+        client, cluster, mon = self.nats_ports[i]
+        routes = ",".join(f"nats-route://127.0.0.1:{c}" for j, (_, c, _) in enumerate(self.nats_ports) if j != i)
+        store = os.path.join(self.dir, f"nats{i}")
+        os.makedirs(store, exist_ok=True)
+        log = open(os.path.join(self.dir, f"nats{i}.log"), "ab")
+        self.nats_nodes[i] = subprocess.Popen(
+            [self.args.nats_server, "-a", "127.0.0.1", "-p", str(client), "-m", str(mon), "-js", "-sd", store,
+             "-n", f"soak-{i}", "--cluster_name", "soak", "--cluster", f"nats://127.0.0.1:{cluster}", "--routes", routes],
+            stdout=log, stderr=log)
+
+    def wait_nats(self, i, timeout=60):
+        mon = self.nats_ports[i][2]
+        deadline = now() + timeout
+        while now() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{mon}/healthz?js-enabled-only=true", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:  # refused, or not healthy yet (URLError is one)
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"nats node {i} did not become healthy")
+
+    async def wait_cluster(self):
+        deadline = now() + 90
+        while True:
+            try:
+                nc = await nats.connect(self.nats_url.split(",")[0], connect_timeout=2)
+                js = nc.jetstream()
+                await js.add_stream(StreamConfig(name="SOAK_PROBE", subjects=["soak.probe"], num_replicas=3))
+                await js.delete_stream("SOAK_PROBE")
+                await nc.close()
+                return
+            except NATS_ERRORS as e:
+                if now() > deadline:
+                    raise RuntimeError(f"JetStream cluster not ready: {e}")
+                await asyncio.sleep(0.5)
+
+    # ---- seawall processes ---------------------------------------------
+    def env(self, name=""):
+        env = dict(os.environ)
+        env.update({
+            # The last consumer goes through the proxy that cuts COMMITs.
+            "SEAWALL_DATABASE_URL": self.proxied_db_url if name == "consume4" else self.db_url,
+            "SEAWALL_NATS_URL": self.nats_url,
+            "SEAWALL_STREAM_REPLICAS": "3",
+            "SEAWALL_DUPLICATE_WINDOW_MS": str(self.args.window_ms),
+            # The lease is a tenth of the window: a row republished after a relay
+            # was killed (or after a PubAck lost in a NATS outage) must land
+            # inside the window, with room for the retry backoff.
+            "SEAWALL_RELAY_LEASE_MS": str(self.args.window_ms // 10),
+            "SEAWALL_RELAY_RETRY_MAX_MS": str(self.args.window_ms // 4),
+            "SEAWALL_ACK_WAIT_MS": str(self.args.ack_wait_ms),
+            "SEAWALL_MAX_DELIVER": str(self.args.max_deliver),
+            "SEAWALL_NOTIFY_WEBHOOK_URL": self.webhook.url,
+            "SEAWALL_CLAIM_LEASE_MS": str(self.args.ack_wait_ms),
+            "SEAWALL_STREAM_MAX_AGE_MS": "86400000",
+            "SEAWALL_RELAY_POLL_MS": "200",
+            "SEAWALL_API_ADDR": f"127.0.0.1:{self.api_port}",
+            "SEAWALL_LOG": "info",
+        })
+        env.update(self.extra_env.get(name, {}))
+        return env
+
+    def spawn(self, name, command):
+        path = os.path.join(self.dir, f"{name}.log")
+        log = open(path, "ab")
+        self.logs[name] = path
+        self.procs[name] = subprocess.Popen([self.args.seawall, command], env=self.env(name), stdout=log, stderr=log)
+
+    def readyz(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.api_port}/readyz", timeout=2) as r:
+                return r.status == 200
+        except OSError:  # refused, timed out or 503 (HTTPError is one)
+            return False
+
+    def wait_ready(self, fault, started):
+        deadline = now() + 120
+        while not self.readyz():
+            if now() > deadline:
+                raise RuntimeError(f"API not ready 120 s after {fault}")
+            time.sleep(0.1)
+        secs = round(now() - started, 2)
+        self.recoveries.append((fault, secs))
+        self.log("recovered", f"{fault}: readyz after {secs} s")
+
+    # ---- the COMMIT-cutting proxy ------------------------------------------
+    async def start_proxy(self):
+        upstream_host, upstream_port = self.args.pg_url.split("@")[-1].split(":")
+
+        async def pipe(reader, writer, watch_commits, other):
+            try:
+                while True:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    writer.write(data)
+                    await writer.drain()
+                    if watch_commits and b"COMMIT" in data and self.cut_commits > 0:
+                        self.cut_commits -= 1
+                        self.commits_cut += 1
+                        break
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+                other.close()
+
+        async def handle(client_reader, client_writer):
+            try:
+                server_reader, server_writer = await asyncio.open_connection(upstream_host, int(upstream_port))
+            except OSError:
+                client_writer.close()
+                return
+            try:
+                await asyncio.gather(pipe(client_reader, server_writer, True, client_writer),
+                                     pipe(server_reader, client_writer, False, server_writer))
+            except asyncio.CancelledError:
+                # The soak is ending; its connections end with it.
+                client_writer.close()
+                server_writer.close()
+
+        self.proxy = await asyncio.start_server(handle, "127.0.0.1", self.proxy_port)
+
+    def stop_all(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        for name, p in self.procs.items():
+            try:
+                code = p.wait(timeout=30)
+                if code != 0:
+                    self.log("exit", f"{name} exited with {code}")
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for p in self.nats_nodes.values():
+            p.terminate()
+            p.wait()
+        self.webhook.stop()
+
+    async def stream_exists(self):
+        try:
+            nc = await nats.connect(servers=self.nats_url.split(","), connect_timeout=2)
+            js = nc.jetstream()
+            await js.consumer_info("CREDITS", "credit")
+            await nc.close()
+            return True
+        except NATS_ERRORS:
+            return False
+
+

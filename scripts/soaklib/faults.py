@@ -1,0 +1,148 @@
+"""The faults the soak injects while traffic flows, and the table that names
+them (`--faults`)."""
+import signal
+import subprocess
+import time
+
+from soaklib.common import PG_BIN, now
+
+# One table: a fault's name on the command line, and the method that injects
+# it. "kill" is run --kills times; the others once each when named.
+FAULTS = {
+    "kill": "fault_kill",
+    "nats": "fault_nats",
+    "pg": "fault_pg",
+    "pause": "fault_pause",
+    "lastkill": "fault_lastkill",
+    "poison": "fault_poison",
+    "slow": "fault_slow",
+    "commit": "fault_commit",
+}
+
+
+class Faults:
+    """Mixed into the soak: each fault, and the schedule that runs them."""
+
+    def fault_kill(self):
+        name = self.frng.choice([n for n in self.procs if n.startswith(("consume", "relay"))])
+        started = now()
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+        self.log("fault", f"kill -9 {name}")
+        self.spawn(name, name.rstrip("0123456789"))
+        self.restarts += 1
+        self.log("restart", name)
+        self.wait_ready(f"kill -9 {name}", started)
+
+    def fault_nats(self):
+        i = self.frng.randrange(3)
+        started = now()
+        self.nats_nodes[i].send_signal(signal.SIGTERM)
+        self.nats_nodes[i].wait()
+        self.log("fault", f"nats node {i} stopped")
+        time.sleep(self.args.outage)
+        self.start_nats(i)
+        self.wait_nats(i)
+        self.log("restart", f"nats node {i}")
+        self.wait_ready(f"nats node {i} stop", started)
+
+    def fault_pg(self):
+        started = now()
+        subprocess.run(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--",
+                        f"{PG_BIN}/pg_ctl", "-D", self.args.pg_data, "-m", "immediate", "-w", "restart"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.log("fault", "PostgreSQL restarted (-m immediate)")
+        self.wait_ready("PostgreSQL restart", started)
+
+    def fault_pause(self):
+        name = self.frng.choice([n for n in self.procs if n.startswith("consume")])
+        started = now()
+        pause = self.args.ack_wait_ms / 1000 + 1.5
+        self.procs[name].send_signal(signal.SIGSTOP)
+        self.log("fault", f"SIGSTOP {name} for {pause:.1f} s (past the ack wait)")
+        time.sleep(pause)
+        self.procs[name].send_signal(signal.SIGCONT)
+        self.log("resume", f"SIGCONT {name}")
+        self.wait_ready(f"SIGSTOP {name}", started)
+
+    def fault_lastkill(self):
+        """Freezes one consumer past the ack wait, so its deliveries go to the
+        others as redeliveries (the last allowed ones under a low
+        --max-deliver), then kills one of those others while it holds them."""
+        frozen, victim = self.frng.sample([n for n in self.procs if n.startswith("consume")], 2)
+        started = now()
+        self.procs[frozen].send_signal(signal.SIGSTOP)
+        time.sleep(self.args.ack_wait_ms / 1000 + 0.5)
+        self.procs[victim].send_signal(signal.SIGKILL)
+        self.procs[victim].wait()
+        self.procs[frozen].send_signal(signal.SIGCONT)
+        self.log("fault", f"kill -9 {victim} while it held {frozen}'s redeliveries")
+        self.spawn(victim, "consume")
+        self.restarts += 1
+        self.wait_ready(f"kill -9 {victim} on redeliveries", started)
+
+    def fault_poison(self):
+        """Rows a buggy service or a manual fix could write: async-nats would
+        panic on each of them."""
+        started = now()
+        rows = [("poison-space-name", '{"bad name": "v"}'), ("poison-crlf-value", '{"x-note": "a\\r\\nb"}'),
+                ("poison-newline-id" + "\n" + "x", "{}"), ("poison-array", '["x"]')]
+        for message_id, headers in rows:
+            escaped = message_id.replace("'", "''").replace("\n", "' || chr(10) || '")
+            self.psql("INSERT INTO outbox_message (message_id, subject, payload, headers, created_at, attempts, next_attempt_at) "
+                      f"VALUES ('{escaped}', 'credits.applied', '\\x7b7d', '{headers}', now(), 0, now())")
+        self.poison_rows += len(rows)
+        self.log("fault", f"{len(rows)} poison rows written into outbox_message")
+        self.wait_ready("poison rows", started)
+
+    def fault_slow(self):
+        """One consumer's handler slower than the ack wait for a while: its
+        in-progress acks must keep its deliveries from racing themselves."""
+        name = self.frng.choice([n for n in self.procs if n.startswith("consume")])
+        started = now()
+        work_ms = self.args.ack_wait_ms + 1000
+        self.restart_with(name, {"SEAWALL_DEMO_WORK_MS": str(work_ms)})
+        self.log("fault", f"{name} handles each message in {work_ms} ms (ack wait {self.args.ack_wait_ms} ms)")
+        time.sleep(2 * work_ms / 1000)
+        self.restart_with(name, {})
+        self.log("restore", f"{name} at normal speed")
+        self.wait_ready(f"slow handler in {name}", started)
+
+    def restart_with(self, name, env):
+        self.procs[name].send_signal(signal.SIGTERM)
+        try:
+            self.procs[name].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.log("fault", f"{name} did not stop within 60 s of SIGTERM; killing it")
+            self.procs[name].kill()
+            self.procs[name].wait()
+        self.extra_env[name] = env
+        self.spawn(name, "consume")
+        self.restarts += 1
+
+    def fault_commit(self):
+        """The proxy in front of consume4 cuts the connection right after
+        forwarding each of the next COMMITs: committed, never confirmed."""
+        started = now()
+        self.cut_commits += 5
+        deadline = now() + 30
+        while self.cut_commits > 0 and now() < deadline:
+            time.sleep(0.1)
+        self.log("fault", f"COMMITs cut by the proxy so far: {self.commits_cut}")
+        self.wait_ready("cut COMMITs", started)
+
+    def planned_faults(self):
+        """The faults of this run: --kills kills and each --faults name once."""
+        chosen = self.args.faults.split(",")
+        return ["kill"] * self.args.kills + [f for f in FAULTS if f != "kill" and f in chosen]
+
+    def run_faults(self, duration, stop):
+        plan = self.planned_faults()
+        self.frng.shuffle(plan)
+        gap = max(duration / (len(plan) + 1), 1.0)
+        for fault in plan:
+            deadline = now() + self.frng.uniform(0.5, 1.5) * gap
+            while now() < deadline and not stop():
+                time.sleep(0.1)
+            getattr(self, FAULTS[fault])()
+
