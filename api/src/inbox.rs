@@ -3,10 +3,11 @@
 use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+
+use service::claim::Release;
 
 use entity::inbox_message::{self, Column};
 
@@ -151,38 +152,11 @@ pub async fn release_claim(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<InboxRow>, ApiError> {
-    let m = inbox_message::Entity::find_by_id(id)
-        .one(&state.db)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no inbox marker with id {id}")))?;
-    if m.processed_at.is_some() {
-        return Err(ApiError::Conflict(format!(
+    match service::claim::release(&state.db, id).await? {
+        Release::Released(m) => Ok(Json(row(*m, Utc::now()))),
+        Release::NotFound => Err(ApiError::NotFound(format!("no inbox marker with id {id}"))),
+        Release::Processed => Err(ApiError::Conflict(format!(
             "inbox marker {id} is processed; there is no claim to release"
-        )));
+        ))),
     }
-    let mut update = inbox_message::Entity::update_many()
-        .col_expr(
-            Column::LeaseUntil,
-            Expr::value(Option::<DateTime<Utc>>::None),
-        )
-        .col_expr(Column::ClaimedBy, Expr::value(Option::<String>::None));
-    if m.quarantined_at.is_some() {
-        update = update
-            .col_expr(
-                Column::QuarantinedAt,
-                Expr::value(Option::<DateTime<Utc>>::None),
-            )
-            .col_expr(Column::Attempts, Expr::value(0));
-    }
-    update
-        .filter(Column::Id.eq(id))
-        .filter(Column::ProcessedAt.is_null())
-        .exec(&state.db)
-        .await?;
-    tracing::info!(id, message_id = %m.message_id, consumer = %m.consumer, "claim released by an operator");
-    let m = inbox_message::Entity::find_by_id(id)
-        .one(&state.db)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no inbox marker with id {id}")))?;
-    Ok(Json(row(m, Utc::now())))
 }

@@ -524,6 +524,60 @@ pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result
     txn.commit().await
 }
 
+/// What [`release`] found.
+#[derive(Debug)]
+pub enum Release {
+    /// No marker with that id.
+    NotFound,
+    /// The marker is processed: there is no claim to release.
+    Processed,
+    /// Released; the marker as it is now (boxed: a marker carries its
+    /// message's payload).
+    Released(Box<inbox_message::Model>),
+}
+
+/// Releases a stuck claim so the next delivery or replay takes it (an
+/// operator's action): an open claim loses its lease; a quarantined one (a
+/// person decided the effect did not happen) is un-quarantined with a fresh
+/// attempt count. Its message must then be replayed: a quarantined claim's
+/// message was terminated at the broker.
+///
+/// # Errors
+/// Database errors.
+pub async fn release(db: &DatabaseConnection, id: i64) -> Result<Release, DbErr> {
+    let Some(row) = inbox_message::Entity::find_by_id(id).one(db).await? else {
+        return Ok(Release::NotFound);
+    };
+    if row.processed_at.is_some() {
+        return Ok(Release::Processed);
+    }
+    let mut update = inbox_message::Entity::update_many()
+        .col_expr(
+            Column::LeaseUntil,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .col_expr(Column::ClaimedBy, Expr::value(Option::<String>::None));
+    if row.quarantined_at.is_some() {
+        update = update
+            .col_expr(
+                Column::QuarantinedAt,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .col_expr(Column::Attempts, Expr::value(0));
+    }
+    update
+        .filter(Column::Id.eq(id))
+        .filter(Column::ProcessedAt.is_null())
+        .exec(db)
+        .await?;
+    tracing::info!(id, message_id = %row.message_id, consumer = %row.consumer, "claim released by an operator");
+    Ok(match inbox_message::Entity::find_by_id(id).one(db).await? {
+        Some(row) if row.processed_at.is_none() => Release::Released(Box::new(row)),
+        Some(_) => Release::Processed,
+        None => Release::NotFound,
+    })
+}
+
 /// The id of `consumer`'s quarantined claim on `message_id`, if there is
 /// one. A replay of such a message would only be terminated again: the claim
 /// has to be released first (a person decided the effect did not happen).

@@ -147,6 +147,8 @@ proptest! {
     /// JSON-shaped payloads too (closer to what a producer sends).
     #[test]
     fn credit_payloads_shaped_like_json_never_panic(account in ".{0,300}", amount in any::<i64>(), extra in ".{0,20}") {
+        // Digits right after the amount would only make it another number.
+        prop_assume!(!extra.starts_with(|c: char| c.is_ascii_digit()));
         let payload = format!("{{\"account_id\":{},\"amount\":{amount}{extra}}}", serde_json::to_string(&account).unwrap_or_default());
         if let Ok(req) = CreditRequest::parse(payload.as_bytes()) {
             prop_assert_eq!(req.amount, amount);
