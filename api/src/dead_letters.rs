@@ -6,14 +6,12 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use entity::dead_letter::{self, Column};
-
-use service::dead_letter::REPLAY_OF_HEADER;
+use entity::dead_letter;
+use service::admin::{self, Cursor, DeadLetterFilter, Replay, ReplayError};
+use service::dead_letter::{DeadLetter, REPLAY_OF_HEADER};
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
@@ -77,8 +75,7 @@ impl From<dead_letter::Model> for DeadLetterRow {
 }
 
 async fn find(state: &AppState, id: i64) -> Result<dead_letter::Model, ApiError> {
-    dead_letter::Entity::find_by_id(id)
-        .one(&state.db)
+    admin::dead_letter(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no dead letter with id {id}")))
 }
@@ -91,24 +88,15 @@ pub async fn list_dead_letters(
     Query(q): Query<DeadLetterQuery>,
 ) -> Result<Json<Page<DeadLetterRow>>, ApiError> {
     let limit = limit(q.limit)?;
-    let mut cond = Condition::all();
-    if let Some(c) = q.consumer {
-        cond = cond.add(Column::Consumer.eq(c));
-    }
-    match q.replayed {
-        Some(true) => cond = cond.add(Column::ReplayedAt.is_not_null()),
-        Some(false) => cond = cond.add(Column::ReplayedAt.is_null()),
-        None => {}
-    }
-    if let Some(after) = q.after {
-        cond = cond.add(Column::Id.lt(after));
-    }
-    let rows = dead_letter::Entity::find()
-        .filter(cond)
-        .order_by_desc(Column::Id)
-        .limit(limit + 1)
-        .all(&state.db)
-        .await?;
+    let filter = DeadLetterFilter {
+        consumer: q.consumer,
+        replayed: q.replayed,
+    };
+    let cursor = Cursor {
+        after: q.after,
+        limit,
+    };
+    let rows = admin::dead_letters(&state.db, &filter, cursor).await?;
     let rows = rows.into_iter().map(DeadLetterRow::from).collect();
     Ok(Json(Page::from_rows(rows, limit, |r: &DeadLetterRow| r.id)))
 }
@@ -143,64 +131,49 @@ pub async fn replay_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<DeadLetterRow>, ApiError> {
-    let m = find(&state, id).await?;
-    let Some(message_id) = m.message_id.clone() else {
-        return Err(ApiError::Conflict(format!(
-            "dead letter {id} has no message id; replaying it would only dead-letter it again"
-        )));
-    };
+    let row = DeadLetter::replay(&state.db, id, |replay| publish(&state, replay))
+        .await
+        .map_err(|e| match e {
+            ReplayError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            ReplayError::Publish(api) => api,
+            ReplayError::Database(db) => db.into(),
+            _ => ApiError::Conflict(e.to_string()),
+        })?;
+    Ok(Json(row.into()))
+}
+
+/// Sends `replay` to its consumer's replay subject and waits for JetStream.
+async fn publish(state: &AppState, replay: Replay) -> Result<(), ApiError> {
     let js = state.jetstream.as_ref().ok_or_else(|| {
         ApiError::Unavailable(
             "replay needs NATS, which this API process is not connected to".into(),
         )
     })?;
-    if let Some(claim) = service::claim::quarantined(&state.db, &message_id, &m.consumer).await? {
-        return Err(ApiError::Conflict(format!(
-            "consumer {:?} has quarantined its claim on message {message_id}; a replay would be terminated again. Release it first (POST /api/v1/inbox/{claim}/release) if the effect did not happen",
-            m.consumer
-        )));
-    }
-    if service::outbox::check_message_id(&message_id).is_err()
-        || m.subject.is_empty()
-        || m.subject.contains(char::is_whitespace)
-    {
-        return Err(ApiError::Conflict(format!(
-            "dead letter {id} has a message id or subject NATS cannot carry; fix or delete it"
-        )));
-    }
     let replay_subject = state
         .config
         .replay_subjects
-        .get(&m.consumer)
+        .get(&replay.consumer)
         .ok_or_else(|| {
             ApiError::Conflict(format!(
                 "consumer {:?} is not registered in this process, so its replay subject is unknown; replay from a process that runs it",
-                m.consumer
+                replay.consumer
             ))
         })?;
-    let mut msg = PublishMessage::build().payload(m.payload.clone().into());
-    if let Some(headers) = m.headers.as_object() {
-        for (name, value) in headers {
-            let Some(value) = value.as_str() else {
-                continue;
-            };
-            if name == REPLAY_OF_HEADER {
-                continue;
-            }
-            // Rows can be edited by hand; async-nats panics on what NATS
-            // cannot carry, so check first.
-            let (Ok(name), Ok(value)) = (name.parse::<HeaderName>(), value.parse::<HeaderValue>())
-            else {
-                return Err(ApiError::Conflict(format!(
-                    "dead letter {id} has a header NATS cannot carry ({name:?}); fix or delete it"
-                )));
-            };
-            msg = msg.header(name, value);
-        }
+    let mut msg = PublishMessage::build().payload(replay.payload.into());
+    for (name, value) in &replay.headers {
+        // Checked by `DeadLetter::replay` as NATS accepts them; async-nats
+        // would panic on anything else, so parse rather than assume.
+        let (Ok(name), Ok(value)) = (name.parse::<HeaderName>(), value.parse::<HeaderValue>())
+        else {
+            return Err(ApiError::Conflict(format!(
+                "a header NATS cannot carry ({name:?}); fix or delete the dead letter"
+            )));
+        };
+        msg = msg.header(name, value);
     }
     let msg = msg
-        .header(REPLAY_OF_HEADER, m.subject.as_str())
-        .message_id(&message_id);
+        .header(REPLAY_OF_HEADER, replay.subject.as_str())
+        .message_id(&replay.message_id);
     let publish = async {
         let ack = js
             .send_publish(replay_subject.clone(), msg)
@@ -209,24 +182,18 @@ pub async fn replay_dead_letter(
         ack.await.map_err(|e| e.to_string())
     };
     let ack = publish.await.map_err(|e| {
-        tracing::warn!(id, error = %e, "replay publish failed");
+        tracing::warn!(message_id = %replay.message_id, error = %e, "replay publish failed");
         ApiError::Unavailable(format!(
-            "could not publish to {}: the broker did not acknowledge",
-            m.subject
+            "could not publish to {replay_subject}: the broker did not acknowledge"
         ))
     })?;
     if ack.duplicate {
         return Err(ApiError::Conflict(format!(
-            "JetStream dropped the replay as a duplicate of message {message_id} published within its duplicate window; retry after the window"
+            "JetStream dropped the replay as a duplicate of message {} published within its duplicate window; retry after the window",
+            replay.message_id
         )));
     }
-    dead_letter::Entity::update_many()
-        .col_expr(Column::ReplayedAt, Expr::value(Utc::now()))
-        .filter(Column::Id.eq(id))
-        .exec(&state.db)
-        .await?;
-    tracing::info!(id, %message_id, subject = %m.subject, "dead letter replayed by an operator");
-    Ok(Json(find(&state, id).await?.into()))
+    Ok(())
 }
 
 /// Deletes a dead letter (a person decided it needs nothing more).
@@ -236,10 +203,7 @@ pub async fn delete_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<StatusCode, ApiError> {
-    let res = dead_letter::Entity::delete_by_id(id)
-        .exec(&state.db)
-        .await?;
-    if res.rows_affected == 0 {
+    if !DeadLetter::delete(&state.db, id).await? {
         return Err(ApiError::NotFound(format!("no dead letter with id {id}")));
     }
     Ok(StatusCode::NO_CONTENT)

@@ -3,13 +3,13 @@
 use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
-use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use entity::inbox_message;
+use service::ClaimState;
+use service::admin::{self, Cursor, MarkerFilter};
 use service::claim::Release;
-
-use entity::inbox_message::{self, Column};
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
@@ -63,21 +63,31 @@ pub struct InboxRow {
     pub quarantined_at: Option<DateTime<Utc>>,
 }
 
-fn state_of(m: &inbox_message::Model, now: DateTime<Utc>) -> InboxState {
-    if m.processed_at.is_some() {
-        InboxState::Processed
-    } else if m.quarantined_at.is_some() {
-        InboxState::Quarantined
-    } else if service::claim::lease_expired(m.lease_until, now) {
-        InboxState::ExpiredClaim
-    } else {
-        InboxState::Claimed
+impl From<ClaimState> for InboxState {
+    fn from(state: ClaimState) -> Self {
+        match state {
+            ClaimState::Processed => Self::Processed,
+            ClaimState::Claimed => Self::Claimed,
+            ClaimState::Expired => Self::ExpiredClaim,
+            ClaimState::Quarantined => Self::Quarantined,
+        }
+    }
+}
+
+impl From<InboxState> for ClaimState {
+    fn from(state: InboxState) -> Self {
+        match state {
+            InboxState::Processed => Self::Processed,
+            InboxState::Claimed => Self::Claimed,
+            InboxState::ExpiredClaim => Self::Expired,
+            InboxState::Quarantined => Self::Quarantined,
+        }
     }
 }
 
 fn row(m: inbox_message::Model, now: DateTime<Utc>) -> InboxRow {
     InboxRow {
-        state: state_of(&m, now),
+        state: ClaimState::of(&m, now).into(),
         id: m.id,
         message_id: m.message_id,
         consumer: m.consumer,
@@ -92,25 +102,6 @@ fn row(m: inbox_message::Model, now: DateTime<Utc>) -> InboxRow {
     }
 }
 
-/// The SQL condition for a state at `now`.
-pub fn state_condition(state: InboxState, now: DateTime<Utc>) -> Condition {
-    let open = Condition::all()
-        .add(Column::ProcessedAt.is_null())
-        .add(Column::QuarantinedAt.is_null());
-    match state {
-        InboxState::Processed => Condition::all().add(Column::ProcessedAt.is_not_null()),
-        InboxState::Quarantined => Condition::all()
-            .add(Column::ProcessedAt.is_null())
-            .add(Column::QuarantinedAt.is_not_null()),
-        InboxState::Claimed => open.add(Column::LeaseUntil.gt(now)),
-        InboxState::ExpiredClaim => open.add(
-            Condition::any()
-                .add(Column::LeaseUntil.is_null())
-                .add(Column::LeaseUntil.lte(now)),
-        ),
-    }
-}
-
 /// Lists inbox markers, newest first.
 #[utoipa::path(get, path = "/api/v1/inbox", tag = "inbox", params(InboxQuery),
     responses((status = 200, body = Page<InboxRow>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
@@ -120,25 +111,16 @@ pub async fn list_inbox(
 ) -> Result<Json<Page<InboxRow>>, ApiError> {
     let limit = limit(q.limit)?;
     let now = Utc::now();
-    let mut cond = Condition::all();
-    if let Some(s) = q.state {
-        cond = cond.add(state_condition(s, now));
-    }
-    if let Some(c) = q.consumer {
-        cond = cond.add(Column::Consumer.eq(c));
-    }
-    if let Some(id) = q.message_id {
-        cond = cond.add(Column::MessageId.eq(id));
-    }
-    if let Some(after) = q.after {
-        cond = cond.add(Column::Id.lt(after));
-    }
-    let rows = inbox_message::Entity::find()
-        .filter(cond)
-        .order_by_desc(Column::Id)
-        .limit(limit + 1)
-        .all(&state.db)
-        .await?;
+    let filter = MarkerFilter {
+        state: q.state.map(ClaimState::from),
+        consumer: q.consumer,
+        message_id: q.message_id,
+    };
+    let cursor = Cursor {
+        after: q.after,
+        limit,
+    };
+    let rows = admin::markers(&state.db, &filter, cursor, now).await?;
     let rows = rows.into_iter().map(|m| row(m, now)).collect();
     Ok(Json(Page::from_rows(rows, limit, |r: &InboxRow| r.id)))
 }

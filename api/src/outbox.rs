@@ -4,12 +4,12 @@ use axum::Json;
 use axum::extract::State;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use entity::outbox_message::{self, Column};
+use entity::outbox_message;
+use service::admin::{self, Cursor, OutboxFilter, TimeRange};
+use service::{Outbox, OutboxState};
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
@@ -94,20 +94,30 @@ pub struct Affected {
     pub affected: u64,
 }
 
-fn status_of(m: &outbox_message::Model) -> OutboxStatus {
-    if m.published_at.is_some() {
-        OutboxStatus::Published
-    } else if m.dead_at.is_some() {
-        OutboxStatus::Dead
-    } else {
-        OutboxStatus::Pending
+impl From<OutboxState> for OutboxStatus {
+    fn from(state: OutboxState) -> Self {
+        match state {
+            OutboxState::Pending => Self::Pending,
+            OutboxState::Published => Self::Published,
+            OutboxState::Dead => Self::Dead,
+        }
+    }
+}
+
+impl From<OutboxStatus> for OutboxState {
+    fn from(status: OutboxStatus) -> Self {
+        match status {
+            OutboxStatus::Pending => Self::Pending,
+            OutboxStatus::Published => Self::Published,
+            OutboxStatus::Dead => Self::Dead,
+        }
     }
 }
 
 impl From<outbox_message::Model> for OutboxRow {
     fn from(m: outbox_message::Model) -> Self {
         Self {
-            status: status_of(&m),
+            status: OutboxState::of(&m).into(),
             id: m.id,
             message_id: m.message_id,
             subject: m.subject,
@@ -133,35 +143,8 @@ pub fn encode_payload(bytes: &[u8]) -> (String, String) {
     }
 }
 
-fn status_condition(status: OutboxStatus) -> Condition {
-    match status {
-        OutboxStatus::Pending => Condition::all()
-            .add(Column::PublishedAt.is_null())
-            .add(Column::DeadAt.is_null()),
-        OutboxStatus::Published => Condition::all().add(Column::PublishedAt.is_not_null()),
-        OutboxStatus::Dead => Condition::all()
-            .add(Column::DeadAt.is_not_null())
-            .add(Column::PublishedAt.is_null()),
-    }
-}
-
-fn time_range(
-    from: Option<DateTime<Utc>>,
-    to: Option<DateTime<Utc>>,
-) -> Result<Condition, ApiError> {
-    if let (Some(f), Some(t)) = (from, to)
-        && f > t
-    {
-        return Err(ApiError::BadRequest("from must not be after to".into()));
-    }
-    let mut cond = Condition::all();
-    if let Some(f) = from {
-        cond = cond.add(Column::CreatedAt.gte(f));
-    }
-    if let Some(t) = to {
-        cond = cond.add(Column::CreatedAt.lt(t));
-    }
-    Ok(cond)
+fn created(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Result<TimeRange, ApiError> {
+    TimeRange::new(from, to).map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
 /// Lists outbox rows, newest first.
@@ -172,32 +155,24 @@ pub async fn list_outbox(
     Query(q): Query<OutboxQuery>,
 ) -> Result<Json<Page<OutboxRow>>, ApiError> {
     let limit = limit(q.limit)?;
-    let mut cond = time_range(q.from, q.to)?;
-    if let Some(status) = q.status {
-        cond = cond.add(status_condition(status));
-    }
-    if let Some(subject) = q.subject {
-        cond = cond.add(Column::Subject.eq(subject));
-    }
-    if let Some(id) = q.message_id {
-        cond = cond.add(Column::MessageId.eq(id));
-    }
-    if let Some(after) = q.after {
-        cond = cond.add(Column::Id.lt(after));
-    }
-    let rows = outbox_message::Entity::find()
-        .filter(cond)
-        .order_by_desc(Column::Id)
-        .limit(limit + 1)
-        .all(&state.db)
-        .await?;
+    let filter = OutboxFilter {
+        state: q.status.map(OutboxState::from),
+        subject: q.subject,
+        message_id: q.message_id,
+        created: created(q.from, q.to)?,
+        ..OutboxFilter::default()
+    };
+    let cursor = Cursor {
+        after: q.after,
+        limit,
+    };
+    let rows = admin::outbox_rows(&state.db, &filter, cursor).await?;
     let rows = rows.into_iter().map(OutboxRow::from).collect();
     Ok(Json(Page::from_rows(rows, limit, |r: &OutboxRow| r.id)))
 }
 
 async fn find(state: &AppState, id: i64) -> Result<outbox_message::Model, ApiError> {
-    outbox_message::Entity::find_by_id(id)
-        .one(&state.db)
+    admin::outbox_row(&state.db, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no outbox row with id {id}")))
 }
@@ -233,13 +208,11 @@ pub async fn retry_outbox(
             "outbox row {id} is already published"
         )));
     }
-    reset(
-        &state,
-        Condition::all()
-            .add(Column::Id.eq(id))
-            .add(Column::PublishedAt.is_null()),
-    )
-    .await?;
+    let one = OutboxFilter {
+        id: Some(id),
+        ..OutboxFilter::default()
+    };
+    retry(&state, &one).await?;
     Ok(Json(find(&state, id).await?.into()))
 }
 
@@ -250,36 +223,25 @@ pub async fn retry_dead(
     State(state): State<AppState>,
     Body(filter): Body<RetryFilter>,
 ) -> Result<Json<Affected>, ApiError> {
-    let mut cond = time_range(filter.from, filter.to)?.add(status_condition(OutboxStatus::Dead));
-    if let Some(subject) = filter.subject {
-        cond = cond.add(Column::Subject.eq(subject));
-    }
+    let dead = OutboxFilter {
+        state: Some(OutboxState::Dead),
+        subject: filter.subject,
+        created: created(filter.from, filter.to)?,
+        ..OutboxFilter::default()
+    };
     Ok(Json(Affected {
-        affected: reset(&state, cond).await?,
+        affected: retry(&state, &dead).await?,
     }))
 }
 
-async fn reset(state: &AppState, cond: Condition) -> Result<u64, ApiError> {
-    let res = outbox_message::Entity::update_many()
-        .col_expr(Column::DeadAt, Expr::value(Option::<DateTime<Utc>>::None))
-        .col_expr(Column::Attempts, Expr::value(0))
-        .col_expr(Column::NextAttemptAt, Expr::value(Utc::now()))
-        .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
-        .col_expr(
-            Column::LockedUntil,
-            Expr::value(Option::<DateTime<Utc>>::None),
-        )
-        .filter(cond)
-        .exec(&state.db)
-        .await?;
-    if res.rows_affected > 0 {
-        if let Some(wake) = &state.relay_wake {
-            wake.notify_one();
-        }
-        tracing::info!(
-            rows = res.rows_affected,
-            "outbox rows reset for retry by an operator"
-        );
+/// Retries the rows and wakes this process's relay, if it runs one, so
+/// they go now rather than at its next poll.
+async fn retry(state: &AppState, filter: &OutboxFilter) -> Result<u64, ApiError> {
+    let affected = Outbox::retry(&state.db, filter).await?;
+    if affected > 0
+        && let Some(wake) = &state.relay_wake
+    {
+        wake.notify_one();
     }
-    Ok(res.rows_affected)
+    Ok(affected)
 }

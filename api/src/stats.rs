@@ -2,20 +2,139 @@
 
 use axum::Json;
 use axum::extract::State;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use service::retention::PruneReport;
-use service::stats::Stats;
+use service::{retention, stats};
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
+
+/// The whole picture, as `seawall stats` prints it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Stats {
+    /// Outbox rows by state.
+    pub outbox: OutboxCounts,
+    /// Inbox markers by state.
+    pub inbox: InboxCounts,
+    /// Dead letters not yet replayed, in all.
+    pub dead_letters: u64,
+    /// Dead letters not yet replayed, per consumer.
+    pub dead_letters_by_consumer: Vec<ConsumerCount>,
+    /// Age of the oldest pending outbox row, in seconds (absent when none is pending).
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Mean commit-to-publish delay of the last 100 published rows, in milliseconds.
+    pub relay_lag_ms: Option<f64>,
+    /// Published events and processed messages per minute, oldest first.
+    pub throughput: Vec<MinuteCount>,
+    /// Which numbers are estimates (large tables on PostgreSQL), e.g. `outbox.published`.
+    pub estimated: Vec<String>,
+    /// When this was computed.
+    pub generated_at: DateTime<Utc>,
+}
+
+/// Outbox rows by state.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutboxCounts {
+    pub pending: u64,
+    pub published: u64,
+    pub dead: u64,
+}
+
+/// Inbox markers by state.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct InboxCounts {
+    pub processed: u64,
+    /// Open claims with a live lease.
+    pub claimed: u64,
+    /// Open claims whose lease ran out or was released.
+    pub expired_claims: u64,
+    pub quarantined: u64,
+}
+
+/// A count for one consumer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ConsumerCount {
+    pub consumer: String,
+    pub count: i64,
+}
+
+/// One minute of throughput.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MinuteCount {
+    /// Start of the minute (UTC).
+    pub minute: DateTime<Utc>,
+    /// Outbox rows published in it.
+    pub published: u64,
+    /// Inbox markers processed in it.
+    pub processed: u64,
+}
+
+impl From<stats::Stats> for Stats {
+    fn from(s: stats::Stats) -> Self {
+        Self {
+            outbox: OutboxCounts {
+                pending: s.outbox.pending,
+                published: s.outbox.published,
+                dead: s.outbox.dead,
+            },
+            inbox: InboxCounts {
+                processed: s.inbox.processed,
+                claimed: s.inbox.claimed,
+                expired_claims: s.inbox.expired_claims,
+                quarantined: s.inbox.quarantined,
+            },
+            dead_letters: s.dead_letters,
+            dead_letters_by_consumer: s
+                .dead_letters_by_consumer
+                .into_iter()
+                .map(|c| ConsumerCount {
+                    consumer: c.consumer,
+                    count: c.count,
+                })
+                .collect(),
+            oldest_pending_age_seconds: s.oldest_pending_age_seconds,
+            relay_lag_ms: s.relay_lag_ms,
+            throughput: s
+                .throughput
+                .into_iter()
+                .map(|m| MinuteCount {
+                    minute: m.minute,
+                    published: m.published,
+                    processed: m.processed,
+                })
+                .collect(),
+            estimated: s.estimated,
+            generated_at: s.generated_at,
+        }
+    }
+}
+
+/// What a prune removed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PruneReport {
+    /// Inbox markers.
+    pub inbox: u64,
+    /// Published outbox rows.
+    pub outbox: u64,
+}
+
+impl From<retention::PruneReport> for PruneReport {
+    fn from(r: retention::PruneReport) -> Self {
+        Self {
+            inbox: r.inbox,
+            outbox: r.outbox,
+        }
+    }
+}
 
 /// Counts by table and state, relay lag, dead letters by consumer, and
 /// throughput over the last minutes.
 #[utoipa::path(get, path = "/api/v1/stats", tag = "stats",
     responses((status = 200, body = Stats), (status = 401, body = ErrorBody)))]
 pub async fn get_stats(State(state): State<AppState>) -> Result<Json<Stats>, ApiError> {
-    Ok(Json(service::stats::stats(&state.db, Utc::now()).await?))
+    Ok(Json(stats::stats(&state.db, Utc::now()).await?.into()))
 }
 
 /// Runs retention pruning now and returns how many rows it removed.
@@ -25,8 +144,8 @@ pub async fn run_prune(State(state): State<AppState>) -> Result<Json<PruneReport
     let config = state.config.prune.ok_or_else(|| {
         ApiError::Unavailable("no retention is configured for this API process".into())
     })?;
-    let report = service::retention::prune(&state.db, &config, Utc::now()).await?;
+    let report = retention::prune(&state.db, &config, Utc::now()).await?;
     report.record_metrics();
     tracing::info!(?report, "pruned on request");
-    Ok(Json(report))
+    Ok(Json(report.into()))
 }

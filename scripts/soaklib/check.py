@@ -21,6 +21,18 @@ from soaklib.common import NATS_ERRORS, now
 from soaklib.load import Load
 
 
+# The row states of service/src/state.rs (OutboxState, ClaimState), as SQL.
+# The checker names states only through this table, so it counts what the
+# relay, the sweeper and the API count.
+STATE = {
+    "outbox_pending": "published_at IS NULL AND dead_at IS NULL",
+    "outbox_published": "published_at IS NOT NULL",
+    "outbox_dead": "published_at IS NULL AND dead_at IS NOT NULL",
+    "claim_processed": "processed_at IS NOT NULL",
+    "claim_expired": "processed_at IS NULL AND quarantined_at IS NULL AND (lease_until IS NULL OR lease_until <= now())",
+}
+
+
 class Checks:
     """Mixed into the soak and the standalone checker."""
 
@@ -52,7 +64,7 @@ class Checks:
         while now() < deadline:
             try:
                 credits = int(self.psql("SELECT count(*) FROM credit")[0][0])
-                pending = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL AND dead_at IS NULL")[0][0])
+                pending = int(self.psql(f"SELECT count(*) FROM outbox_message WHERE {STATE['outbox_pending']}")[0][0])
                 num_pending, ack_pending = await self.consumer_state()
                 if credits >= expected_credits and pending == 0 and num_pending == 0 and ack_pending == 0:
                     return True
@@ -114,10 +126,10 @@ class Checks:
         expect(dead_ids <= malformed_ids, f"nothing else is dead-lettered ({len(dead_ids - malformed_ids)} others)")
         letters_by = dict(self.psql("SELECT consumer, count(*) FROM dead_letter GROUP BY consumer"))
         expect(set(letters_by) <= {"credit"}, f"only the credit consumer dead-letters (malformed input): {letters_by}")
-        unpublished = int(self.psql("SELECT count(*) FROM outbox_message WHERE published_at IS NULL AND message_id NOT LIKE 'poison-%'")[0][0])
+        unpublished = int(self.psql(f"SELECT count(*) FROM outbox_message WHERE NOT ({STATE['outbox_published']}) AND message_id NOT LIKE 'poison-%'")[0][0])
         outbox_rows = int(self.psql("SELECT count(*) FROM outbox_message WHERE message_id NOT LIKE 'poison-%'")[0][0])
         expect(unpublished == 0, f"every outbox row is published ({unpublished} are not)")
-        poison = self.psql("SELECT count(*), count(*) FILTER (WHERE dead_at IS NOT NULL AND published_at IS NULL AND last_error IS NOT NULL) "
+        poison = self.psql(f"SELECT count(*), count(*) FILTER (WHERE {STATE['outbox_dead']} AND last_error IS NOT NULL) "
                            "FROM outbox_message WHERE message_id LIKE 'poison-%'")[0]
         expect(int(poison[0]) == self.poison_rows == int(poison[1]),
                f"every poison row ends dead with its error, unpublished ({poison[1]}/{self.poison_rows})")
@@ -126,14 +138,13 @@ class Checks:
         expect(replicas == 3, f"the stream is replicated R{replicas}")
         expect(total == outbox_rows and repeated == 0,
                f"credits.applied holds exactly one message per event ({total} messages, {outbox_rows} events, {repeated} repeated)")
-        open_claims = int(self.psql("SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND processed_at IS NULL "
-                                    "AND quarantined_at IS NULL AND (lease_until IS NULL OR lease_until < now())")[0][0])
+        open_claims = int(self.psql(f"SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND {STATE['claim_expired']}")[0][0])
         expect(open_claims == 0, f"no claim is left open without a live owner ({open_claims} are)")
         both = int(self.psql("SELECT count(*) FROM inbox_message WHERE processed_at IS NOT NULL AND quarantined_at IS NOT NULL")[0][0])
         expect(both == 0, f"no claim is both processed and quarantined ({both} are)")
-        notified = int(self.psql("SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND processed_at IS NOT NULL")[0][0])
+        notified = int(self.psql(f"SELECT count(*) FROM inbox_message WHERE consumer = 'notify' AND {STATE['claim_processed']}")[0][0])
         received = self.webhook.keys if self.webhook else None
-        missed = [k for k in (row[0] for row in self.psql("SELECT message_id FROM outbox_message WHERE published_at IS NOT NULL"))
+        missed = [k for k in (row[0] for row in self.psql(f"SELECT message_id FROM outbox_message WHERE {STATE['outbox_published']}"))
                   if received is not None and k not in received]
         expect(notified == outbox_rows and not missed,
                f"every event's webhook call is recorded ({notified}/{outbox_rows}; {len(missed)} never reached the receiver)")

@@ -17,9 +17,12 @@
 //! - [`credits`]: the demo domain, as the example of domain logic.
 //! - [`registry`]: which handler consumes which subject.
 //! - [`dead_letter`]: recording messages a consumer gave up on.
+//! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.
+//! - [`admin`]: what operators list and change (filters, retry, replay, delete).
 //! - [`stats`]: counts by table and state, for operators.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
+pub mod admin;
 pub mod backoff;
 pub mod claim;
 pub mod classify;
@@ -33,6 +36,7 @@ pub mod inbox;
 pub mod outbox;
 pub mod registry;
 pub mod retention;
+pub mod state;
 pub mod stats;
 pub mod sweep;
 
@@ -43,3 +47,4 @@ pub use executor::{Executor, RetryPolicy, Unit, panic_message};
 pub use inbox::{FastPath, Handle, Inbox, Outcome};
 pub use outbox::{EventError, NewEvent, Outbox, OutboxError};
 pub use registry::{Effect, HandlerKind, Registration, Registry};
+pub use state::{ClaimState, OutboxState};

@@ -102,9 +102,7 @@ pub struct PruneConfig {
 }
 
 /// What a prune removed (or, dry, would remove).
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct PruneReport {
     /// Inbox markers.
     pub inbox: u64,

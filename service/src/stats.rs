@@ -9,15 +9,16 @@ use sea_orm::{
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use entity::{dead_letter, inbox_message, outbox_message};
+
+use crate::state::{ClaimState, OutboxState};
 
 /// Minutes of throughput history reported.
 pub const THROUGHPUT_MINUTES: i64 = 15;
 
 /// The whole picture.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
     /// Outbox rows by state.
     pub outbox: OutboxCounts,
@@ -40,7 +41,7 @@ pub struct Stats {
 }
 
 /// Outbox rows by state.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboxCounts {
     pub pending: u64,
     pub published: u64,
@@ -48,7 +49,7 @@ pub struct OutboxCounts {
 }
 
 /// Inbox markers by state.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InboxCounts {
     pub processed: u64,
     /// Open claims with a live lease.
@@ -59,14 +60,14 @@ pub struct InboxCounts {
 }
 
 /// A count for one consumer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, FromQueryResult)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, FromQueryResult)]
 pub struct ConsumerCount {
     pub consumer: String,
     pub count: i64,
 }
 
 /// One minute of throughput.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MinuteCount {
     /// Start of the minute (UTC).
     pub minute: DateTime<Utc>,
@@ -81,33 +82,22 @@ pub struct MinuteCount {
 /// # Errors
 /// The first failing query's error.
 pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats, DbErr> {
-    use inbox_message::Column as I;
     use outbox_message::Column as O;
-    let pending = outbox_message::Entity::find()
-        .filter(O::PublishedAt.is_null())
-        .filter(O::DeadAt.is_null())
-        .count(db);
-    let dead = outbox_message::Entity::find()
-        .filter(O::PublishedAt.is_null())
-        .filter(O::DeadAt.is_not_null())
-        .count(db);
-    let open = || {
-        inbox_message::Entity::find()
-            .filter(I::ProcessedAt.is_null())
-            .filter(I::QuarantinedAt.is_null())
+    let outbox_in = |state: OutboxState| {
+        outbox_message::Entity::find()
+            .filter(state.condition())
+            .count(db)
     };
-    let claimed = open().filter(I::LeaseUntil.gt(now)).count(db);
-    let expired = open()
-        .filter(
-            sea_orm::Condition::any()
-                .add(I::LeaseUntil.is_null())
-                .add(I::LeaseUntil.lte(now)),
-        )
-        .count(db);
-    let quarantined = inbox_message::Entity::find()
-        .filter(I::ProcessedAt.is_null())
-        .filter(I::QuarantinedAt.is_not_null())
-        .count(db);
+    let markers_in = |state: ClaimState| {
+        inbox_message::Entity::find()
+            .filter(state.condition(now))
+            .count(db)
+    };
+    let pending = outbox_in(OutboxState::Pending);
+    let dead = outbox_in(OutboxState::Dead);
+    let claimed = markers_in(ClaimState::Claimed);
+    let expired = markers_in(ClaimState::Expired);
+    let quarantined = markers_in(ClaimState::Quarantined);
     let (pending, dead, claimed, expired_claims, quarantined) =
         futures::try_join!(pending, dead, claimed, expired, quarantined)?;
     let mut estimated = Vec::new();
@@ -120,24 +110,14 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
             estimated.push("outbox.published".to_owned());
             total.saturating_sub(pending + dead)
         }
-        None => {
-            outbox_message::Entity::find()
-                .filter(O::PublishedAt.is_not_null())
-                .count(db)
-                .await?
-        }
+        None => outbox_in(OutboxState::Published).await?,
     };
     let processed = match estimated_rows(db, "inbox_message").await? {
         Some(total) => {
             estimated.push("inbox.processed".to_owned());
             total.saturating_sub(claimed + expired_claims + quarantined)
         }
-        None => {
-            inbox_message::Entity::find()
-                .filter(I::ProcessedAt.is_not_null())
-                .count(db)
-                .await?
-        }
+        None => markers_in(ClaimState::Processed).await?,
     };
     let outbox = OutboxCounts {
         pending,
@@ -167,8 +147,7 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
     let oldest: Option<DateTime<Utc>> = outbox_message::Entity::find()
         .select_only()
         .column(O::CreatedAt)
-        .filter(O::PublishedAt.is_null())
-        .filter(O::DeadAt.is_null())
+        .filter(OutboxState::Pending.condition())
         .order_by_asc(O::Id)
         .into_tuple()
         .one(db)
@@ -177,7 +156,7 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
         .select_only()
         .column(O::CreatedAt)
         .column(O::PublishedAt)
-        .filter(O::PublishedAt.is_not_null())
+        .filter(OutboxState::Published.condition())
         .order_by_desc(O::PublishedAt)
         .limit(100)
         .into_tuple()

@@ -18,6 +18,7 @@ use serde::Serialize;
 use entity::inbox_message::{self, Column};
 
 use crate::claim::quarantine;
+use crate::state::ClaimState;
 
 /// Attempt limits per consumer, with a default.
 #[derive(Debug, Clone)]
@@ -76,15 +77,15 @@ pub async fn sweep_claims(
     policy: &SweepPolicy,
     now: DateTime<Utc>,
 ) -> Result<SweepReport, DbErr> {
+    // Expired claims with a lease that ran out, or released ones (no lease)
+    // that have used up their attempts: a released claim under its limit
+    // waits for its next delivery or replay instead.
     let abandoned = inbox_message::Entity::find()
-        .filter(Column::ProcessedAt.is_null())
-        .filter(Column::QuarantinedAt.is_null())
+        .filter(ClaimState::Expired.condition(now))
         .filter(
-            Condition::any().add(Column::LeaseUntil.lt(now)).add(
-                Condition::all()
-                    .add(Column::LeaseUntil.is_null())
-                    .add(Column::Attempts.gte(policy.lowest_limit())),
-            ),
+            Condition::any()
+                .add(Column::LeaseUntil.is_not_null())
+                .add(Column::Attempts.gte(policy.lowest_limit())),
         )
         .order_by_asc(Column::Id)
         .limit(policy.batch_size)
@@ -105,8 +106,8 @@ pub async fn sweep_claims(
                 .col_expr(Column::ClaimedBy, Expr::value(Option::<String>::None))
                 .filter(Column::Id.eq(row.id))
                 .filter(Column::Attempts.eq(row.attempts))
-                .filter(Column::ProcessedAt.is_null())
-                .filter(Column::LeaseUntil.lt(now))
+                .filter(ClaimState::Expired.condition(now))
+                .filter(Column::LeaseUntil.is_not_null())
                 .exec(db)
                 .await?;
             if res.rows_affected == 1 {

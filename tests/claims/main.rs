@@ -7,4 +7,5 @@ mod support;
 mod crashes;
 mod lifecycle;
 mod prune;
+mod states;
 mod takeover;

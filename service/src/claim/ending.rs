@@ -11,6 +11,7 @@ use entity::inbox_message::{self, Column};
 
 use super::QUARANTINE_REASON;
 use crate::dead_letter::DeadLetter;
+use crate::state::ClaimState;
 
 /// Marks an abandoned claim quarantined and writes its dead letter, in one
 /// transaction and only if it is still open and expired (several sweepers
@@ -34,8 +35,7 @@ pub async fn quarantine(
         )
         .filter(Column::Id.eq(row.id))
         .filter(Column::Attempts.eq(row.attempts))
-        .filter(Column::ProcessedAt.is_null())
-        .filter(Column::QuarantinedAt.is_null())
+        .filter(ClaimState::open())
         .exec(&txn)
         .await?;
     if res.rows_affected != 1 {
@@ -98,8 +98,7 @@ pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result
             )
             .filter(Column::MessageId.eq(message_id))
             .filter(Column::Consumer.eq(letter.consumer))
-            .filter(Column::ProcessedAt.is_null())
-            .filter(Column::QuarantinedAt.is_null())
+            .filter(ClaimState::open())
             .exec(&txn)
             .await?;
     }
@@ -175,8 +174,7 @@ pub async fn quarantined(
     Ok(inbox_message::Entity::find()
         .filter(Column::MessageId.eq(message_id))
         .filter(Column::Consumer.eq(consumer))
-        .filter(Column::ProcessedAt.is_null())
-        .filter(Column::QuarantinedAt.is_not_null())
+        .filter(ClaimState::Quarantined.condition(Utc::now()))
         .one(db)
         .await?
         .map(|row| row.id))

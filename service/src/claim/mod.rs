@@ -21,6 +21,7 @@ use entity::inbox_message::{self, Column};
 
 use crate::classify::{Failure, classify};
 use crate::envelope::{ConsumerName, Envelope};
+use crate::state::ClaimState;
 
 /// The reason written to `dead_letter` when a claim is quarantined.
 pub const QUARANTINE_REASON: &str =
@@ -62,6 +63,7 @@ fn instance_name() -> String {
 
 mod ending;
 
+pub use crate::state::lease_expired;
 pub use ending::{Release, give_up, quarantine, quarantined, release};
 
 /// Claiming failed.
@@ -184,15 +186,9 @@ impl ClaimGuard {
         if res.rows_affected == 1 {
             return Ok(());
         }
-        let unheld = Condition::all()
-            .add(Column::Id.eq(self.id))
-            .add(Column::ProcessedAt.is_null())
-            .add(Column::QuarantinedAt.is_null())
-            .add(
-                Condition::any()
-                    .add(Column::LeaseUntil.is_null())
-                    .add(Column::LeaseUntil.lte(now)),
-            );
+        let unheld = ClaimState::Expired
+            .condition(now)
+            .add(Column::Id.eq(self.id));
         let res = record(unheld).await.map_err(|e| self.db_error(e))?;
         if res.rows_affected == 1 {
             tracing::info!(
@@ -265,12 +261,10 @@ impl ClaimGuard {
     }
 
     fn owned(&self) -> Condition {
-        Condition::all()
+        ClaimState::open()
             .add(Column::Id.eq(self.id))
             .add(Column::ClaimedBy.eq(self.instance.as_str()))
             .add(Column::Attempts.eq(self.attempt))
-            .add(Column::ProcessedAt.is_null())
-            .add(Column::QuarantinedAt.is_null())
     }
 
     fn expect_one(&self, rows: u64) -> Result<(), ClaimError> {
@@ -291,12 +285,6 @@ impl ClaimGuard {
             source,
         }
     }
-}
-
-/// Whether a lease that runs until `lease_until` is over at `now`. A released
-/// claim (no lease) is free.
-pub fn lease_expired(lease_until: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
-    lease_until.is_none_or(|until| until <= now)
 }
 
 /// Claims `envelope` for `consumer` (phase one). Commits before returning.
@@ -413,8 +401,7 @@ async fn take_over(
         .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
         .filter(Column::Id.eq(row.id))
         .filter(Column::Attempts.eq(row.attempts))
-        .filter(Column::ProcessedAt.is_null())
-        .filter(Column::QuarantinedAt.is_null())
+        .filter(ClaimState::open())
         .exec(db)
         .await?;
     if res.rows_affected == 1 {
@@ -429,25 +416,5 @@ async fn take_over(
         }))
     } else {
         Ok(ClaimOutcome::InProgress { lease_until })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lease_is_over_at_its_end_and_a_released_claim_is_free() {
-        let now = Utc::now();
-        assert!(lease_expired(None, now));
-        assert!(lease_expired(Some(now), now));
-        assert!(lease_expired(
-            Some(now - chrono::Duration::milliseconds(1)),
-            now
-        ));
-        assert!(!lease_expired(
-            Some(now + chrono::Duration::milliseconds(1)),
-            now
-        ));
     }
 }

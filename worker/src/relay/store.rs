@@ -21,6 +21,7 @@ use sea_orm::{
 };
 
 use entity::outbox_message::{self, Column};
+use service::state::OutboxState;
 
 /// Chrono duration from std, saturating (leases and backoffs are small).
 pub(crate) fn span(d: Duration) -> chrono::Duration {
@@ -32,8 +33,7 @@ pub(crate) fn span(d: Duration) -> chrono::Duration {
 /// a blocked earlier row of their key, in id order.
 fn publishable(now: DateTime<Utc>, limit: u64) -> Select<outbox_message::Entity> {
     outbox_message::Entity::find()
-        .filter(Column::PublishedAt.is_null())
-        .filter(Column::DeadAt.is_null())
+        .filter(OutboxState::Pending.condition())
         .filter(Column::NextAttemptAt.lte(now))
         .filter(
             Condition::any()
@@ -64,6 +64,7 @@ fn blocked_head(now: DateTime<Utc>) -> SelectStatement {
             Expr::col((head.clone(), Column::OrderingKey)).equals((outer, Column::OrderingKey)),
         )
         .and_where(Expr::col((head.clone(), Column::Id)).lt(Expr::col((outer, Column::Id))))
+        // OutboxState::Pending, on the aliased table.
         .and_where(Expr::col((head.clone(), Column::PublishedAt)).is_null())
         .and_where(Expr::col((head.clone(), Column::DeadAt)).is_null())
         .cond_where(
@@ -160,8 +161,7 @@ async fn keep_key_prefixes<C: sea_orm::ConnectionTrait>(
         .column(Column::Id)
         .column(Column::OrderingKey)
         .filter(Column::OrderingKey.is_in(keys.iter().map(|k| k.as_str())))
-        .filter(Column::PublishedAt.is_null())
-        .filter(Column::DeadAt.is_null())
+        .filter(OutboxState::Pending.condition())
         .filter(Column::Id.lte(max_id))
         .order_by_asc(Column::Id)
         .into_tuple()
@@ -271,8 +271,7 @@ pub(crate) async fn release(db: &DatabaseConnection, me: &str, ids: Vec<i64>) ->
 pub async fn pending_count(db: &DatabaseConnection) -> Result<u64, DbErr> {
     use sea_orm::PaginatorTrait;
     outbox_message::Entity::find()
-        .filter(Column::PublishedAt.is_null())
-        .filter(Column::DeadAt.is_null())
+        .filter(OutboxState::Pending.condition())
         .count(db)
         .await
 }
