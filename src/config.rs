@@ -6,14 +6,18 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use service::claim::ClaimPolicy;
 use service::retention::{BrokerSettings, PruneConfig, check_inbox_retention};
+use service::sweep::SweepPolicy;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 /// Every setting, with the names used in the TOML file. The environment
-/// variable is the name upper-cased with a `SEAWALL_` prefix.
+/// variable is the name upper-cased with a `SEAWALL_` prefix. Each part of
+/// the process takes its own typed view ([`Settings::relay`],
+/// [`Settings::consumer`], ...) rather than reading fields.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
@@ -236,6 +240,63 @@ impl Settings {
         })
     }
 
+    /// The relay's settings.
+    pub fn relay(&self) -> worker::RelayConfig {
+        worker::RelayConfig {
+            lease: Duration::from_millis(self.relay_lease_ms),
+            batch_size: self.relay_batch_size,
+            concurrency: self.relay_concurrency,
+            poll_interval: Duration::from_millis(self.relay_poll_ms),
+            max_attempts: i32::try_from(self.relay_max_attempts).unwrap_or(i32::MAX),
+            retry_max: Duration::from_millis(self.relay_retry_max_ms),
+            fault: self.fault_point(),
+            ..worker::RelayConfig::default()
+        }
+    }
+
+    /// The settings of a consumer reading `stream`.
+    pub fn consumer(&self, stream: &str) -> worker::ConsumerConfig {
+        worker::ConsumerConfig {
+            stream: stream.to_owned(),
+            ack_wait: Duration::from_millis(self.ack_wait_ms),
+            max_deliver: self.max_deliver,
+            concurrency: self.consumer_concurrency,
+            max_handling: Duration::from_millis(self.max_handling_ms),
+            fault: self.fault_point(),
+            ..worker::ConsumerConfig::default()
+        }
+    }
+
+    /// How effects outside the transaction are claimed.
+    pub fn claim_policy(&self) -> ClaimPolicy {
+        ClaimPolicy {
+            lease: Duration::from_millis(self.claim_lease_ms),
+            max_attempts: i32::try_from(self.claim_max_attempts).unwrap_or(i32::MAX),
+            ..ClaimPolicy::default()
+        }
+    }
+
+    /// When the sweeper quarantines an abandoned claim: after the same
+    /// number of attempts a consumer would allow.
+    pub fn sweep(&self) -> SweepPolicy {
+        SweepPolicy {
+            default_max_attempts: self.claim_policy().max_attempts,
+            ..SweepPolicy::default()
+        }
+    }
+
+    /// The stream `name` capturing `subjects`, with the configured window,
+    /// age and replicas.
+    pub fn stream(&self, name: &str, subjects: &[&str]) -> worker::StreamSpec {
+        worker::StreamSpec {
+            name: name.to_owned(),
+            subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
+            duplicate_window: Duration::from_millis(self.duplicate_window_ms),
+            max_age: Duration::from_millis(self.stream_max_age_ms),
+            replicas: self.stream_replicas,
+        }
+    }
+
     /// The database pool for a process running `roles`: every handler in
     /// flight holds a connection for its transaction, every relay round in
     /// flight one for its batch, and the `LISTEN`, sweeper, pruner and API
@@ -243,7 +304,7 @@ impl Settings {
     /// acquire timeout, which looks like an outage; so an explicit
     /// `db_max_connections` below that is refused, and without one the pool
     /// is sized from the settings.
-    pub fn pool_size(&self, roles: &crate::serve::Roles) -> Result<u32, ConfigError> {
+    pub fn pool_size(&self, roles: &crate::app::Roles) -> Result<u32, ConfigError> {
         let consumers = 1 + u32::from(self.notify_webhook_url.is_some());
         let mut needed = 0u32;
         if roles.consume {

@@ -2,12 +2,6 @@
 //! library crates. Errors end here, printed with their cause chain.
 
 mod bench;
-mod config;
-mod demo;
-mod load;
-mod publish;
-mod serve;
-mod webhook;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,6 +9,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
+
+use seawall::demo::{self, load, publish};
+use seawall::{Application, Roles, config};
 
 /// Exactly-once effects over at-least-once messaging.
 #[derive(Debug, Parser)]
@@ -97,37 +94,43 @@ async fn run() -> Result<()> {
             let url = loaded
                 .database_url_explicit
                 .then_some(settings.database_url.as_str());
-            let (db, _dir) = demo::open(url).await?;
+            let (db, _dir) = demo::races::open(url).await?;
             migration::apply(&db).await.context("applying migrations")?;
-            demo::run(db).await?;
+            demo::races::run(db).await?;
         }
-        Command::Run | Command::Relay | Command::Consume | Command::Api => {
-            let roles = match cli.command {
-                Command::Relay => serve::Roles {
+        Command::Run => serve(settings, Roles::ALL).await?,
+        Command::Relay => {
+            serve(
+                settings,
+                Roles {
                     relay: true,
                     consume: false,
                     api: false,
                 },
-                Command::Consume => serve::Roles {
+            )
+            .await?
+        }
+        Command::Consume => {
+            serve(
+                settings,
+                Roles {
                     relay: false,
                     consume: true,
                     api: false,
                 },
-                Command::Api => serve::Roles {
+            )
+            .await?
+        }
+        Command::Api => {
+            serve(
+                settings,
+                Roles {
                     relay: false,
                     consume: false,
                     api: true,
                 },
-                _ => serve::Roles {
-                    relay: true,
-                    consume: true,
-                    api: true,
-                },
-            };
-            let pool = settings.pool_size(&roles)?;
-            let metrics = api::metrics::install().context("installing the metrics recorder")?;
-            let db = connect(&settings.database_url, pool).await?;
-            serve::serve(settings, db, roles, Some(metrics)).await?;
+            )
+            .await?
         }
         Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
         Command::Prune { dry_run } => {
@@ -165,6 +168,25 @@ async fn run() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Runs `roles` of the demo domain until SIGINT/SIGTERM.
+async fn serve(settings: &config::Settings, roles: Roles) -> Result<()> {
+    let pool = settings.pool_size(&roles)?;
+    let metrics = api::metrics::install().context("installing the metrics recorder")?;
+    let db = connect(&settings.database_url, pool).await?;
+    let domain = demo::domain(settings)?;
+    let app = Application::build(settings, roles, domain, db, Some(metrics)).await?;
+    let api = if roles.api {
+        format!("http://{}/", settings.api_addr)
+    } else {
+        "off".into()
+    };
+    eprintln!(
+        "seawall is running (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
+        roles.relay, roles.consume
+    );
+    app.run_until(seawall::app::stop_on_signal()).await
 }
 
 async fn connect(url: &str, max: u32) -> Result<sea_orm::DatabaseConnection> {

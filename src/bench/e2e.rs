@@ -3,7 +3,6 @@
 //! `credits.applied`. The scenario deletes and recreates the CREDITS stream,
 //! so point it only at a NATS server of its own (the scripts start one).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use std::future::IntoFuture;
@@ -14,15 +13,10 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use migration::MigratorTrait;
 use sea_orm::{ConnectionTrait, DatabaseConnection};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use service::credits::{
-    APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, CreditRequest,
-    REQUESTED_SUBJECT,
-};
-use service::{ConsumerName, Executor, Inbox, Registry};
-use worker::{Consumer, ConsumerConfig, Relay, RelayConfig};
+use seawall::{Application, Roles, Settings, demo};
+use service::credits::{APPLIED_SUBJECT, CREDITS_STREAM, CreditRequest, REQUESTED_SUBJECT};
 
 use super::cpu::{self, CpuSample};
 use super::report::Report;
@@ -34,49 +28,27 @@ const WARM_UP: u64 = 2_000;
 /// stream; returns messages per second.
 async fn measure(
     db: DatabaseConnection,
+    nats_url: &str,
     js: &jetstream::Context,
     client: &async_nats::Client,
     messages: u64,
     run: &str,
 ) -> Result<f64> {
     let _ = js.delete_stream(CREDITS_STREAM).await;
-    worker::ensure_stream(
-        js,
-        &crate::serve::streams(&crate::config::Settings::default())[0],
-    )
-    .await?;
-    let wake = Arc::new(Notify::new());
-    let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
-    let cancel = CancellationToken::new();
-    let registry = Registry::new().register(
-        ConsumerName::parse(CREDIT_CONSUMER)?,
-        REQUESTED_SUBJECT,
-        CreditHandler::default(),
-    );
-    let consumer = Consumer::new(
-        inbox,
-        js.clone(),
-        registry.registrations()[0].clone(),
-        ConsumerConfig {
-            concurrency: 32,
-            ..ConsumerConfig::default()
-        },
-    );
-    consumer.ensure().await?;
-    let relay = Relay::new(db, js.clone(), RelayConfig::default(), wake);
-    let tasks = [
-        {
-            let cancel = cancel.clone();
-            tokio::spawn(async move { consumer.run(cancel).await.map_err(anyhow::Error::from) })
-        },
-        {
-            let cancel = cancel.clone();
-            tokio::spawn(async move {
-                relay.run(cancel).await;
-                Ok(())
-            })
-        },
-    ];
+    // The same process `seawall run` starts, without the API.
+    let settings = Settings {
+        nats_url: nats_url.to_owned(),
+        consumer_concurrency: 32,
+        ..Settings::default()
+    };
+    let roles = Roles {
+        relay: true,
+        consume: true,
+        api: false,
+    };
+    let app = Application::build(&settings, roles, demo::domain(&settings)?, db, None).await?;
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(app.run_until(stop.clone()));
     let mut applied = client.subscribe(APPLIED_SUBJECT).await?;
     client.flush().await?;
     let payload = serde_json::to_vec(&CreditRequest {
@@ -118,17 +90,15 @@ async fn measure(
         received += 1;
     }
     let rate = messages as f64 / started.elapsed().as_secs_f64();
-    cancel.cancel();
-    for t in tasks {
-        t.await??;
-    }
+    stop.cancel();
+    running.await??;
     Ok(rate)
 }
 
 /// Runs the scenario on SQLite and PostgreSQL.
 pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
     let mut report = Report::new("e2e");
-    let client = crate::serve::connect_nats(nats_url).await?;
+    let client = seawall::nats::connect(nats_url).await?;
     report
         .versions
         .push(("nats-server".into(), client.server_info().version.clone()));
@@ -160,12 +130,12 @@ pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
     ));
     for (label, db) in [("SQLite", sqlite), ("PostgreSQL", pg_db)] {
         let warm = WARM_UP.min(messages);
-        measure(db.clone(), &js, &client, warm, "e2e-warm").await?;
+        measure(db.clone(), nats_url, &js, &client, warm, "e2e-warm").await?;
         if db.get_database_backend() == sea_orm::DbBackend::Postgres {
             db.execute_unprepared("ANALYZE").await?;
         }
         let before = CpuSample::now();
-        let rate = measure(db, &js, &client, messages, "e2e").await?;
+        let rate = measure(db, nats_url, &js, &client, messages, "e2e").await?;
         let [this, pg, nats, total] = CpuSample::now().since(&before).per_thousand(messages);
         eprintln!("  {label}: {rate:.0} messages/s");
         report.row(

@@ -170,7 +170,7 @@ fn row(report: &mut Report, name: String, mut samples: Vec<f64>) {
 /// Runs the scenario.
 pub async fn run(pg: &str, nats_url: &str, steady_secs: u64, bursts: usize) -> Result<Report> {
     let mut report = Report::new("latency");
-    let client = crate::serve::connect_nats(nats_url).await?;
+    let client = seawall::nats::connect(nats_url).await?;
     report
         .versions
         .push(("nats-server".into(), client.server_info().version.clone()));

@@ -65,7 +65,7 @@ async fn backlog(
 /// Runs the scenario.
 pub async fn run(pg: &str, nats_url: &str, small: u64, large: u64) -> Result<Report> {
     let mut report = Report::new("relay-memory");
-    let client = crate::serve::connect_nats(nats_url).await?;
+    let client = seawall::nats::connect(nats_url).await?;
     report
         .versions
         .push(("nats-server".into(), client.server_info().version.clone()));

@@ -139,7 +139,7 @@ async fn relays(
 /// Runs the scenario.
 pub async fn run(pg: &str, nats_url: &str, rows: u64) -> Result<Report> {
     let mut report = Report::new("relay");
-    let client = crate::serve::connect_nats(nats_url).await?;
+    let client = seawall::nats::connect(nats_url).await?;
     report
         .versions
         .push(("nats-server".into(), client.server_info().version.clone()));

@@ -25,7 +25,7 @@ pub struct PublishArgs {
 
 /// Publishes and waits for every PubAck.
 pub async fn run(nats_url: &str, args: &PublishArgs) -> Result<()> {
-    let js = jetstream::new(crate::serve::connect_nats(nats_url).await?);
+    let js = jetstream::new(crate::nats::connect(nats_url).await?);
     let prefix = args
         .id
         .clone()

@@ -1,0 +1,273 @@
+//! The process: [`Application::build`] connects, migrates and provisions
+//! everything a set of [`Roles`] needs for a [`Domain`], failing early with a
+//! named cause; [`Application::run_until`] runs the loops (outbox relay,
+//! consumers, claim sweeper, pruner, admin API) until a token is cancelled or
+//! one of them fails, then stops the others cleanly. The binary, the
+//! benchmarks and the tests all start a process this way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream;
+use futures::FutureExt;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sea_orm::DatabaseConnection;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use service::retention::PruneConfig;
+use service::{Executor, Inbox, Registry};
+use worker::{Consumer, Relay, StreamSpec, maintenance};
+
+use crate::config::Settings;
+
+/// Which loops a process runs: `seawall run` has all three, `relay`,
+/// `consume` and `api` one each, so each can be scaled on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    /// The outbox relay.
+    pub relay: bool,
+    /// The consumers, with the claim sweeper and the pruner.
+    pub consume: bool,
+    /// The admin API, dashboard and metrics.
+    pub api: bool,
+}
+
+impl Roles {
+    /// Everything in one process.
+    pub const ALL: Self = Self {
+        relay: true,
+        consume: true,
+        api: true,
+    };
+
+    fn workers(self) -> bool {
+        self.relay || self.consume
+    }
+}
+
+/// A service's messaging: the stream its subjects live in and which handler
+/// consumes which subject. The platform runs any domain; the demo's is
+/// [`crate::demo::domain`], and a fork supplies its own.
+pub struct Domain {
+    /// The stream the consumers read and the relay publishes into.
+    pub stream: StreamSpec,
+    /// The consumers.
+    pub registry: Registry,
+}
+
+/// A process, built and ready to run.
+pub struct Application {
+    relay: Option<Relay>,
+    consumers: Vec<Consumer>,
+    maintenance: Option<Maintenance>,
+    api: Option<(std::net::SocketAddr, api::AppState)>,
+}
+
+/// The sweeper and pruner of a consuming process.
+struct Maintenance {
+    db: DatabaseConnection,
+    sweep: service::sweep::SweepPolicy,
+    sweep_interval: Duration,
+    retention: PruneConfig,
+    prune_interval: Duration,
+}
+
+impl Application {
+    /// Checks the settings, applies migrations, connects to NATS and
+    /// provisions the stream and the durable consumers.
+    ///
+    /// # Errors
+    /// Any of those failing, with the cause (an unsafe retention, an exposed
+    /// API without a token, an unreachable database or broker, a duplicate
+    /// window too short for the relay's lease).
+    pub async fn build(
+        settings: &Settings,
+        roles: Roles,
+        domain: Domain,
+        db: DatabaseConnection,
+        metrics: Option<PrometheusHandle>,
+    ) -> Result<Self> {
+        let retention = settings.retention()?;
+        if roles.api {
+            api::check_exposure(settings.api_addr, settings.admin_token.as_deref())?;
+        }
+        migration::apply(&db).await.context("applying migrations")?;
+        // The workers cannot start without NATS; the API alone can.
+        let client = if roles.workers() {
+            crate::nats::connect(&settings.nats_url).await?
+        } else {
+            crate::nats::connect_eventually(&settings.nats_url).await?
+        };
+        let js = jetstream::new(client.clone());
+        if roles.workers() {
+            let relay = settings.relay();
+            worker::ensure_stream(&js, &domain.stream).await?;
+            worker::check_duplicate_window(&js, &domain.stream.name, relay.lease, relay.retry_max)
+                .await?;
+        }
+        let wake = Arc::new(Notify::new());
+        let relay = roles
+            .relay
+            .then(|| Relay::new(db.clone(), js.clone(), settings.relay(), wake.clone()));
+        let consumers = if roles.consume {
+            let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
+            consumers(settings, &domain, inbox, &js).await?
+        } else {
+            Vec::new()
+        };
+        let maintenance = roles.consume.then(|| Maintenance {
+            db: db.clone(),
+            sweep: settings.sweep(),
+            sweep_interval: Duration::from_millis(settings.sweep_interval_ms),
+            retention,
+            prune_interval: Duration::from_millis(settings.prune_interval_ms),
+        });
+        let api = roles.api.then(|| {
+            let state = api::AppState {
+                db,
+                nats: Some(client),
+                jetstream: Some(js),
+                relay_wake: Some(wake),
+                metrics,
+                config: Arc::new(api::ApiConfig {
+                    token: settings.admin_token.clone(),
+                    prune: Some(retention),
+                    replay_subjects: replay_subjects(&domain),
+                    ..api::ApiConfig::default()
+                }),
+            };
+            (settings.api_addr, state)
+        });
+        Ok(Self {
+            relay,
+            consumers,
+            maintenance,
+            api,
+        })
+    }
+
+    /// Runs every loop until `stop` is cancelled or one of them fails; then
+    /// stops the others and waits for them (in-flight handlers finish and
+    /// are acknowledged, a relay round records what it published).
+    ///
+    /// # Errors
+    /// The first loop that failed, or panicked.
+    pub async fn run_until(self, stop: CancellationToken) -> Result<()> {
+        let cancel = stop.child_token();
+        let mut tasks: JoinSet<Result<()>> = JoinSet::new();
+        if let Some(relay) = self.relay {
+            let cancel = cancel.clone();
+            tasks.spawn(async move {
+                relay.run(cancel).await;
+                Ok(())
+            });
+        }
+        for consumer in self.consumers {
+            let cancel = cancel.clone();
+            tasks.spawn(async move { Ok(consumer.run(cancel).await?) });
+        }
+        if let Some(m) = self.maintenance {
+            let sweeper =
+                maintenance::run_sweeper(m.db.clone(), m.sweep, m.sweep_interval, cancel.clone());
+            let pruner =
+                maintenance::run_pruner(m.db, m.retention, m.prune_interval, cancel.clone());
+            tasks.spawn(sweeper.map(Ok));
+            tasks.spawn(pruner.map(Ok));
+        }
+        if let Some((addr, state)) = self.api {
+            let cancel = cancel.clone();
+            tasks.spawn(async move { Ok(api::serve(addr, state, cancel).await?) });
+        }
+        let mut failure = None;
+        tokio::select! {
+            () = cancel.cancelled() => tracing::info!("shutdown requested"),
+            Some(res) = tasks.join_next() => {
+                failure = Some(res.context("worker task panicked").and_then(|r| r));
+            }
+        }
+        cancel.cancel();
+        while let Some(res) = tasks.join_next().await {
+            if let Err(err) = res.context("worker task panicked").and_then(|r| r) {
+                tracing::error!(error = %format!("{err:#}"), "worker task failed");
+            }
+        }
+        match failure {
+            Some(Err(err)) => Err(err),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One consumer per registration, its durable consumer provisioned.
+async fn consumers(
+    settings: &Settings,
+    domain: &Domain,
+    inbox: Inbox,
+    js: &jetstream::Context,
+) -> Result<Vec<Consumer>> {
+    let config = settings.consumer(&domain.stream.name);
+    let mut consumers = Vec::new();
+    for registration in domain.registry.registrations() {
+        let consumer = Consumer::new(
+            inbox.clone(),
+            js.clone(),
+            registration.clone(),
+            config.clone(),
+        );
+        consumer.ensure().await?;
+        consumers.push(consumer);
+    }
+    Ok(consumers)
+}
+
+/// Where the API replays each consumer's dead letters.
+fn replay_subjects(domain: &Domain) -> HashMap<String, String> {
+    domain
+        .registry
+        .registrations()
+        .iter()
+        .map(|r| {
+            let consumer = r.consumer.to_string();
+            let subject = service::dead_letter::replay_subject(&domain.stream.name, &consumer);
+            (consumer, subject)
+        })
+        .collect()
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+pub fn stop_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let stop = token.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop.cancel();
+    });
+    token
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

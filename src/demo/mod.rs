@@ -1,0 +1,56 @@
+//! The example domain: credits applied to accounts (`credits.requested` in,
+//! `credits.applied` out, through the inbox and the outbox) and the `notify`
+//! consumer that POSTs each applied credit to a webhook through a two-phase
+//! claim. With it come the commands that drive it: `seawall demo` (the
+//! races of `docs/architecture.md`, narrated), `seawall publish` and
+//! `seawall load`.
+//!
+//! A fork deletes this module (and the `demo` modules of `entity`,
+//! `migration` and `service`) and supplies its own [`Domain`]; see
+//! `docs/fork.md`. No platform test depends on it.
+
+pub mod load;
+pub mod publish;
+pub mod races;
+
+use anyhow::Result;
+
+use service::ConsumerName;
+use service::Registry;
+use service::credits::{
+    APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT,
+};
+
+use crate::app::Domain;
+use crate::config::Settings;
+use crate::webhook::Webhook;
+
+/// The demo `notify` consumer's name.
+pub const NOTIFY_CONSUMER: &str = "notify";
+
+/// The demo's stream and consumers: `credit` always, `notify` when a webhook
+/// URL is configured.
+///
+/// # Errors
+/// A webhook CA file that cannot be read.
+pub fn domain(settings: &Settings) -> Result<Domain> {
+    let mut registry = Registry::new().register(
+        ConsumerName::parse(CREDIT_CONSUMER)?,
+        REQUESTED_SUBJECT,
+        CreditHandler {
+            work: std::time::Duration::from_millis(settings.demo_work_ms),
+        },
+    );
+    if let Some(url) = &settings.notify_webhook_url {
+        registry = registry.register_effect(
+            ConsumerName::parse(NOTIFY_CONSUMER)?,
+            APPLIED_SUBJECT,
+            Webhook::new(url.clone(), settings.webhook_ca_file.as_deref())?,
+            settings.claim_policy(),
+        );
+    }
+    Ok(Domain {
+        stream: settings.stream(CREDITS_STREAM, &["credits.>"]),
+        registry,
+    })
+}

@@ -1,0 +1,27 @@
+//! The seawall process, shared by the `seawall` binary, the benchmarks and
+//! the tests, so that all three start exactly the same thing.
+//!
+//! # Contents
+//! - [`config`]: the [`Settings`] (defaults, TOML file, `SEAWALL_*`
+//!   variables) and the typed views each part takes ([`Settings::relay`],
+//!   [`Settings::consumer`], [`Settings::claim_policy`], ...).
+//! - [`app`]: the [`Application`], which builds a process for some [`Roles`] and
+//!   a [`Domain`] and runs it until told to stop.
+//! - [`nats`]: connecting to NATS from a URL setting.
+//! - [`webhook`]: an effect that POSTs events to a URL, for two-phase claims.
+//! - [`demo`]: the example domain (credits and the `notify` webhook) with the
+//!   commands that drive it; a fork replaces it (see `docs/fork.md`).
+//!
+//! The platform itself lives in the library crates: `service` (inbox,
+//! outbox, claims, states), `worker` (relay, consumers) and `api`; see
+//! `docs/architecture.md`. This crate only assembles them, so its errors are
+//! `anyhow` errors that the binary prints with their causes.
+
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod nats;
+pub mod webhook;
+
+pub use app::{Application, Domain, Roles};
+pub use config::Settings;
