@@ -18,7 +18,7 @@ use entity::inbox_message;
 
 use crate::classify::{Failure, classify};
 use crate::envelope::{ConsumerName, Envelope};
-use crate::error::{HandlerError, InboxError};
+use crate::error::{HandlerError, InboxError, InboxErrorKind};
 use crate::executor::{Executor, Unit};
 
 /// What happened to a message that did not fail. Both are terminal: ack it.
@@ -149,7 +149,13 @@ impl Inbox {
             match self.is_recorded(envelope, consumer).await {
                 Ok(true) => return Ok(Outcome::Duplicate),
                 Ok(false) => {}
-                Err(source) => return Err(database_error(envelope, consumer, source)),
+                Err(source) => {
+                    return Err(InboxError::new(
+                        envelope.message_id.clone(),
+                        consumer.clone(),
+                        InboxErrorKind::Database(source),
+                    ));
+                }
             }
         }
         let unit = MarkedUnit {
@@ -253,44 +259,24 @@ fn classify_unit_error<T>(
     consumer: &ConsumerName,
     err: HandlerError,
 ) -> Result<Outcome<T>, InboxError> {
-    let message_id = envelope.message_id.to_string();
-    let consumer_name = consumer.to_string();
-    match err {
+    let kind = match err {
         HandlerError::Database(source) => match classify(&source) {
-            Failure::InboxDuplicate => Ok(Outcome::Duplicate),
-            Failure::UniqueViolation { constraint } => Err(InboxError::Constraint {
-                message_id,
-                consumer: consumer_name,
-                constraint,
-                source: Box::new(source),
-            }),
-            _ => Err(database_error(envelope, consumer, source)),
+            Failure::InboxDuplicate => return Ok(Outcome::Duplicate),
+            Failure::UniqueViolation { constraint } => {
+                InboxErrorKind::Constraint { constraint, source }
+            }
+            _ => InboxErrorKind::Database(source),
         },
         // Not produced for inbox units (they are guarded by their marker),
         // but reported as the database failure it is should that change.
-        HandlerError::CommitUnknown(source) => Err(database_error(envelope, consumer, source)),
-        HandlerError::Rejected(reason) => Err(InboxError::Rejected {
-            message_id,
-            consumer: consumer_name,
-            reason,
-        }),
-        HandlerError::Failed(source) => Err(InboxError::Handler {
-            message_id,
-            consumer: consumer_name,
-            source,
-        }),
-        HandlerError::Panicked(panic) => Err(InboxError::Panicked {
-            message_id,
-            consumer: consumer_name,
-            panic,
-        }),
-    }
-}
-
-fn database_error(envelope: &Envelope, consumer: &ConsumerName, source: DbErr) -> InboxError {
-    InboxError::Database {
-        message_id: envelope.message_id.to_string(),
-        consumer: consumer.to_string(),
-        source: Box::new(source),
-    }
+        HandlerError::CommitUnknown(source) => InboxErrorKind::Database(source),
+        HandlerError::Rejected(reason) => InboxErrorKind::Rejected(reason),
+        HandlerError::Failed(source) => InboxErrorKind::Handler(source),
+        HandlerError::Panicked(panic) => InboxErrorKind::Panicked(panic),
+    };
+    Err(InboxError::new(
+        envelope.message_id.clone(),
+        consumer.clone(),
+        kind,
+    ))
 }

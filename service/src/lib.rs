@@ -42,7 +42,7 @@ pub mod sweep;
 
 pub use backoff::Backoff;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
-pub use error::{BoxError, HandlerError, InboxError};
+pub use error::{BoxError, HandlerError, InboxError, InboxErrorKind};
 pub use executor::{Executor, RetryPolicy, Unit, panic_message};
 pub use inbox::{FastPath, Handle, Inbox, Outcome};
 pub use outbox::{EventError, NewEvent, Outbox, OutboxError};

@@ -109,8 +109,12 @@ async fn eight_contenders_for_an_expired_claim_produce_one_owner(backend: Backen
     assert_eq!(winner.attempt(), 2);
     assert!(
         matches!(
-            stale.complete(None).await,
-            Err(service::claim::ClaimError::LeaseLost { .. })
+            stale
+                .complete(None)
+                .await
+                .as_ref()
+                .map_err(service::claim::ClaimError::kind),
+            Err(service::claim::ClaimErrorKind::LeaseLost)
         ),
         "the crashed owner cannot complete"
     );

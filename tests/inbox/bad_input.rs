@@ -6,7 +6,9 @@ use entity::prelude::*;
 use service::credits::{CREDIT_CONSUMER, CreditRequest, apply_credit};
 use service::envelope::MAX_MESSAGE_ID_LEN;
 use service::inbox::handler;
-use service::{ConsumerName, EnvelopeError, Executor, HandlerError, Inbox, InboxError, MessageId};
+use service::{
+    ConsumerName, EnvelopeError, Executor, HandlerError, Inbox, InboxErrorKind, MessageId,
+};
 
 use crate::on_backends;
 use crate::support::{Backend, TestDb, credit_envelope};
@@ -46,14 +48,11 @@ async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
         .process(&env, &consumer, &panicking)
         .await
         .unwrap_err();
-    let InboxError::Panicked {
-        panic, message_id, ..
-    } = &err
-    else {
+    let InboxErrorKind::Panicked(panic) = err.kind() else {
         panic!("expected Panicked, got {err:?}")
     };
     assert_eq!(panic, "handler bug after the writes");
-    assert_eq!(message_id, "panics");
+    assert_eq!(err.message_id().as_str(), "panics");
     for n in [
         t.count(InboxMessage).await,
         t.count(Credit).await,
@@ -86,7 +85,7 @@ async fn a_malformed_payload_is_rejected_without_rows(backend: Backend) {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, InboxError::Rejected { .. }) && err.is_permanent(),
+        matches!(err.kind(), InboxErrorKind::Rejected(_)) && err.is_permanent(),
         "{err}"
     );
     assert!(

@@ -2,7 +2,7 @@
 
 use entity::prelude::*;
 use service::credits::{CREDIT_CONSUMER, CreditHandler};
-use service::{ConsumerName, Executor, Inbox, InboxError, Outcome};
+use service::{ConsumerName, Executor, Inbox, InboxErrorKind, Outcome};
 
 use crate::on_backends;
 use crate::support::{Backend, TestDb, credit_envelope};
@@ -22,12 +22,7 @@ async fn a_business_unique_violation_is_an_error_not_a_duplicate(backend: Backen
         .process(&second, &consumer, &handler)
         .await
         .unwrap_err();
-    let InboxError::Constraint {
-        constraint,
-        message_id,
-        ..
-    } = &err
-    else {
+    let InboxErrorKind::Constraint { constraint, .. } = err.kind() else {
         panic!("expected a constraint error, got {err:?}");
     };
     let expected = match backend {
@@ -35,7 +30,7 @@ async fn a_business_unique_violation_is_an_error_not_a_duplicate(backend: Backen
         Backend::Postgres | Backend::MySql => "ix_credit_reference",
     };
     assert_eq!(constraint, expected);
-    assert_eq!(message_id, "ref-b");
+    assert_eq!(err.message_id().as_str(), "ref-b");
     assert!(
         err.to_string().contains(expected),
         "the message names the constraint: {err}"

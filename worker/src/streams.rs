@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 
+use service::BoxError;
+
 /// A stream the worker creates or updates at start-up.
 #[derive(Debug, Clone)]
 pub struct StreamSpec {
@@ -23,13 +25,14 @@ pub struct StreamSpec {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StreamError {
-    /// The server refused the create or update.
-    #[error("creating or updating stream {name}: {message}")]
+    /// The server refused the create or update, or the stream could not be read.
+    #[error("stream {name} could not be created, updated or read")]
     Provision {
         /// Stream.
         name: String,
-        /// Server's reason.
-        message: String,
+        /// The JetStream client's error, with the server's reason.
+        #[source]
+        source: BoxError,
     },
     /// The dedupe window would let a republished row through.
     #[error(
@@ -49,12 +52,21 @@ pub enum StreamError {
     },
 }
 
+impl StreamError {
+    fn provision(name: &str, source: impl Into<BoxError>) -> Self {
+        Self::Provision {
+            name: name.to_owned(),
+            source: source.into(),
+        }
+    }
+}
+
 /// Creates the stream or updates it to `spec`, idempotently. The stream also
 /// captures its consumers' replay subjects
 /// ([`service::dead_letter::replay_subjects`]).
 ///
 /// # Errors
-/// [`StreamError::Provision`] with the server's reason.
+/// [`StreamError::Provision`], with the server's reason as its source.
 pub async fn ensure_stream(
     js: &jetstream::Context,
     spec: &StreamSpec,
@@ -74,10 +86,7 @@ pub async fn ensure_stream(
     };
     js.create_or_update_stream(config)
         .await
-        .map_err(|e| StreamError::Provision {
-            name: spec.name.clone(),
-            message: e.to_string(),
-        })
+        .map_err(|e| StreamError::provision(&spec.name, e))
 }
 
 /// Reads the stream's configured duplicate window back and refuses one
@@ -98,14 +107,11 @@ pub async fn check_duplicate_window(
     let mut stream = js
         .get_stream(name)
         .await
-        .map_err(|e| StreamError::Provision {
-            name: name.to_owned(),
-            message: e.to_string(),
-        })?;
-    let info = stream.info().await.map_err(|e| StreamError::Provision {
-        name: name.to_owned(),
-        message: e.to_string(),
-    })?;
+        .map_err(|e| StreamError::provision(name, e))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| StreamError::provision(name, e))?;
     let window = info.config.duplicate_window;
     let longest = lease.saturating_add(retry_max);
     if window < longest {

@@ -20,7 +20,7 @@ use sea_orm::{
 use entity::inbox_message::{self, Column};
 
 use crate::classify::{Failure, classify};
-use crate::envelope::{ConsumerName, Envelope};
+use crate::envelope::{ConsumerName, Envelope, MessageId};
 use crate::state::ClaimState;
 
 /// The reason written to `dead_letter` when a claim is quarantined.
@@ -66,51 +66,78 @@ mod ending;
 pub use crate::state::lease_expired;
 pub use ending::{Release, give_up, quarantine, quarantined, release};
 
-/// Claiming failed.
+/// Claiming failed: which claim, and [`ClaimError::kind`] says how. A
+/// database failure is the [`std::error::Error::source`].
+#[derive(Debug)]
+pub struct ClaimError {
+    message_id: MessageId,
+    consumer: ConsumerName,
+    kind: ClaimErrorKind,
+}
+
+/// How a [`ClaimError`] came about.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ClaimError {
+pub enum ClaimErrorKind {
     /// The database failed.
-    #[error("claim of message {message_id} (consumer {consumer}): {source}")]
-    Database {
-        /// The message.
-        message_id: String,
-        /// The consumer.
-        consumer: String,
-        /// The error.
-        #[source]
-        source: DbErr,
-    },
+    #[error("database error: {0}")]
+    Database(#[source] DbErr),
     /// The guard's lease ran out and another instance holds the claim now
     /// under a live lease; this instance must not record a result (the
     /// other one will, or its lease runs out and a redelivery takes over).
-    #[error(
-        "claim of message {message_id} (consumer {consumer}) was taken over after its lease ran out"
-    )]
-    LeaseLost {
-        /// The message.
-        message_id: String,
-        /// The consumer.
-        consumer: String,
-    },
+    #[error("taken over after its lease ran out")]
+    LeaseLost,
     /// The claim was quarantined (too many abandoned attempts) while this
     /// instance performed the effect. It is not recorded as done: the
     /// quarantine's dead letter already asks a person to decide.
-    #[error(
-        "claim of message {message_id} (consumer {consumer}) was quarantined while its effect ran"
-    )]
-    Quarantined {
-        /// The message.
-        message_id: String,
-        /// The consumer.
-        consumer: String,
-    },
+    #[error("quarantined while its effect ran")]
+    Quarantined,
 }
 
 impl ClaimError {
+    fn new(message_id: &MessageId, consumer: &ConsumerName, kind: ClaimErrorKind) -> Self {
+        Self {
+            message_id: message_id.clone(),
+            consumer: consumer.clone(),
+            kind,
+        }
+    }
+
+    /// The message whose claim failed.
+    pub fn message_id(&self) -> &MessageId {
+        &self.message_id
+    }
+
+    /// The consumer that claimed it.
+    pub fn consumer(&self) -> &ConsumerName {
+        &self.consumer
+    }
+
+    /// How it failed.
+    pub fn kind(&self) -> &ClaimErrorKind {
+        &self.kind
+    }
+
     /// True when the database was unreachable (see [`crate::classify::is_outage`]).
     pub fn is_outage(&self) -> bool {
-        matches!(self, Self::Database { source, .. } if crate::classify::is_outage(source))
+        matches!(&self.kind, ClaimErrorKind::Database(source) if crate::classify::is_outage(source))
+    }
+}
+
+impl std::fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "claim of message {} (consumer {}): {}",
+            self.message_id, self.consumer, self.kind
+        )
+    }
+}
+
+/// The source is the kind's: the database error itself.
+impl std::error::Error for ClaimError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.kind.source()
     }
 }
 
@@ -137,8 +164,8 @@ pub enum ClaimOutcome {
 pub struct ClaimGuard {
     db: DatabaseConnection,
     id: i64,
-    message_id: String,
-    consumer: String,
+    message_id: MessageId,
+    consumer: ConsumerName,
     instance: String,
     attempt: i32,
 }
@@ -147,7 +174,7 @@ impl ClaimGuard {
     /// The key the side effect must carry (`Idempotency-Key`): the message id,
     /// the same for every attempt, so a repeat after a crash is recognisable.
     pub fn idempotency_key(&self) -> &str {
-        &self.message_id
+        self.message_id.as_str()
     }
 
     /// Which attempt this is (1 for the first claim).
@@ -164,8 +191,8 @@ impl ClaimGuard {
     /// (which will record it itself) or a quarantine stops it.
     ///
     /// # Errors
-    /// [`ClaimError::LeaseLost`] if another instance holds the claim under a
-    /// live lease, [`ClaimError::Quarantined`] if it was quarantined.
+    /// [`ClaimErrorKind::LeaseLost`] if another instance holds the claim under a
+    /// live lease, [`ClaimErrorKind::Quarantined`] if it was quarantined.
     ///
     /// It takes `&self` so a caller can try again with the same guard after
     /// a database error: the effect is done and only its record is missing.
@@ -207,10 +234,7 @@ impl ClaimGuard {
             None => Ok(()),
             Some(row) if row.quarantined_at.is_some() => {
                 self.note_on_quarantined(result.as_deref()).await;
-                Err(ClaimError::Quarantined {
-                    message_id: self.message_id.clone(),
-                    consumer: self.consumer.clone(),
-                })
+                Err(self.error(ClaimErrorKind::Quarantined))
             }
             Some(_) => self.expect_one(0),
         }
@@ -241,7 +265,7 @@ impl ClaimGuard {
     /// Releases the claim for a retry (the effect failed, it may be attempted again).
     ///
     /// # Errors
-    /// [`ClaimError::LeaseLost`] if another instance took the claim over.
+    /// [`ClaimErrorKind::LeaseLost`] if another instance took the claim over.
     pub async fn fail(self, reason: &str) -> Result<(), ClaimError> {
         let res = inbox_message::Entity::update_many()
             .col_expr(
@@ -271,26 +295,23 @@ impl ClaimGuard {
         if rows == 1 {
             Ok(())
         } else {
-            Err(ClaimError::LeaseLost {
-                message_id: self.message_id.clone(),
-                consumer: self.consumer.clone(),
-            })
+            Err(self.error(ClaimErrorKind::LeaseLost))
         }
     }
 
+    fn error(&self, kind: ClaimErrorKind) -> ClaimError {
+        ClaimError::new(&self.message_id, &self.consumer, kind)
+    }
+
     fn db_error(&self, source: DbErr) -> ClaimError {
-        ClaimError::Database {
-            message_id: self.message_id.clone(),
-            consumer: self.consumer.clone(),
-            source,
-        }
+        self.error(ClaimErrorKind::Database(source))
     }
 }
 
 /// Claims `envelope` for `consumer` (phase one). Commits before returning.
 ///
 /// # Errors
-/// [`ClaimError::Database`].
+/// [`ClaimErrorKind::Database`].
 #[tracing::instrument(name = "inbox.claim", skip_all, fields(message_id = %envelope.message_id, consumer = %consumer))]
 pub async fn claim(
     db: &DatabaseConnection,
@@ -298,10 +319,12 @@ pub async fn claim(
     consumer: &ConsumerName,
     policy: &ClaimPolicy,
 ) -> Result<ClaimOutcome, ClaimError> {
-    let err = |source| ClaimError::Database {
-        message_id: envelope.message_id.to_string(),
-        consumer: consumer.to_string(),
-        source,
+    let err = |source| {
+        ClaimError::new(
+            &envelope.message_id,
+            consumer,
+            ClaimErrorKind::Database(source),
+        )
     };
     let now = Utc::now();
     let lease_until =
@@ -344,8 +367,8 @@ pub async fn claim(
     Ok(ClaimOutcome::Acquired(ClaimGuard {
         db: db.clone(),
         id,
-        message_id: envelope.message_id.to_string(),
-        consumer: consumer.to_string(),
+        message_id: envelope.message_id.clone(),
+        consumer: consumer.clone(),
         instance: policy.instance.clone(),
         attempt: 1,
     }))
@@ -409,8 +432,8 @@ async fn take_over(
         Ok(ClaimOutcome::Acquired(ClaimGuard {
             db: db.clone(),
             id: row.id,
-            message_id: row.message_id,
-            consumer: row.consumer,
+            message_id: envelope.message_id.clone(),
+            consumer: consumer.clone(),
             instance: policy.instance.clone(),
             attempt: row.attempts + 1,
         }))

@@ -9,7 +9,7 @@ use chrono::Utc;
 use futures::FutureExt;
 use sea_orm::DatabaseConnection;
 
-use service::claim::{ClaimError, ClaimGuard, ClaimOutcome, ClaimPolicy, claim};
+use service::claim::{ClaimError, ClaimErrorKind, ClaimGuard, ClaimOutcome, ClaimPolicy, claim};
 use service::{ConsumerName, Effect, Envelope, HandlerError};
 
 use super::Handled;
@@ -99,12 +99,12 @@ impl Claimer<'_> {
             // Another instance holds the claim under a live lease. Its
             // message must not be settled here: should that instance die
             // too, a redelivery is what takes the claim over.
-            Err(err @ ClaimError::LeaseLost { .. }) => {
+            Err(err) if matches!(err.kind(), ClaimErrorKind::LeaseLost) => {
                 tracing::info!(error = %err, "claim taken over while the effect ran; nak until the other lease ends");
                 Handled::Held(self.policy.lease)
             }
             // Quarantined meanwhile: its dead letter is written.
-            Err(ClaimError::Quarantined { .. }) => Handled::Parked,
+            Err(err) if matches!(err.kind(), ClaimErrorKind::Quarantined) => Handled::Parked,
             Err(err) if err.is_outage() => Handled::Outage(err.to_string()),
             Err(err) => Handled::failed(err.to_string()),
         }

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use service::dead_letter::REPLAY_OF_HEADER;
-use service::{Envelope, HandlerKind, Inbox, Registration};
+use service::{BoxError, ConsumerName, Envelope, HandlerKind, Inbox, Registration};
 
 mod effect;
 mod outage;
@@ -94,14 +94,15 @@ impl Default for ConsumerConfig {
 #[non_exhaustive]
 pub enum ConsumerError {
     /// The durable consumer could not be created or read.
-    #[error("JetStream consumer {consumer} on stream {stream}: {message}")]
+    #[error("JetStream consumer {consumer} on stream {stream} could not be set up")]
     Setup {
         /// Consumer.
-        consumer: String,
+        consumer: ConsumerName,
         /// Stream.
         stream: String,
-        /// Reason.
-        message: String,
+        /// The JetStream client's error.
+        #[source]
+        source: BoxError,
     },
 }
 
@@ -136,11 +137,11 @@ impl Consumer {
         }
     }
 
-    fn setup_error(&self, message: impl ToString) -> ConsumerError {
+    fn setup_error(&self, source: impl Into<BoxError>) -> ConsumerError {
         ConsumerError::Setup {
-            consumer: self.registration.consumer.to_string(),
+            consumer: self.registration.consumer.clone(),
             stream: self.config.stream.clone(),
-            message: message.to_string(),
+            source: source.into(),
         }
     }
 
