@@ -17,6 +17,7 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
 
 use service::retention::PruneConfig;
 use service::{Executor, Inbox, Registry};
@@ -37,10 +38,28 @@ pub struct Roles {
 }
 
 impl Roles {
-    /// Everything in one process.
+    /// Everything in one process (`seawall run`).
     pub const ALL: Self = Self {
         relay: true,
         consume: true,
+        api: true,
+    };
+    /// Only the relay (`seawall relay`).
+    pub const RELAY: Self = Self {
+        relay: true,
+        consume: false,
+        api: false,
+    };
+    /// Only the consumers (`seawall consume`).
+    pub const CONSUME: Self = Self {
+        relay: false,
+        consume: true,
+        api: false,
+    };
+    /// Only the admin API (`seawall api`).
+    pub const API: Self = Self {
+        relay: false,
+        consume: false,
         api: true,
     };
 
@@ -236,6 +255,49 @@ fn replay_subjects(domain: &Domain) -> HashMap<String, String> {
             (consumer, subject)
         })
         .collect()
+}
+
+/// What every seawall binary does first: logs to stderr filtered by
+/// `SEAWALL_LOG` (default `warn`), and rustls's ring provider installed
+/// (reqwest, used by webhooks, brings none of its own; ring is the one sqlx
+/// and async-nats already build).
+pub fn init() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("SEAWALL_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Runs `roles` of `domain` as this process until SIGINT/SIGTERM, with a
+/// database pool sized for them and the Prometheus recorder installed.
+///
+/// # Errors
+/// Start-up failing (see [`Application::build`]) or a loop failing.
+pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<()> {
+    let pool = settings.pool_size(&roles, domain.registry.registrations().len())?;
+    let metrics = api::metrics::install().context("installing the metrics recorder")?;
+    let db = service::db::connect(&settings.database_url, pool)
+        .await
+        .with_context(|| {
+            format!(
+                "connecting to the database at {}",
+                crate::config::redact(&settings.database_url)
+            )
+        })?;
+    let app = Application::build(settings, roles, domain, db, Some(metrics)).await?;
+    let api = if roles.api {
+        format!("http://{}/", settings.api_addr)
+    } else {
+        "off".into()
+    };
+    eprintln!(
+        "seawall is running (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
+        roles.relay, roles.consume
+    );
+    app.run_until(stop_on_signal()).await
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

@@ -257,13 +257,12 @@ impl Settings {
     /// The settings of a consumer reading `stream`.
     pub fn consumer(&self, stream: &str) -> worker::ConsumerConfig {
         worker::ConsumerConfig {
-            stream: stream.to_owned(),
             ack_wait: Duration::from_millis(self.ack_wait_ms),
             max_deliver: self.max_deliver,
             concurrency: self.consumer_concurrency,
             max_handling: Duration::from_millis(self.max_handling_ms),
             fault: self.fault_point(),
-            ..worker::ConsumerConfig::default()
+            ..worker::ConsumerConfig::new(stream)
         }
     }
 
@@ -304,8 +303,12 @@ impl Settings {
     /// acquire timeout, which looks like an outage; so an explicit
     /// `db_max_connections` below that is refused, and without one the pool
     /// is sized from the settings.
-    pub fn pool_size(&self, roles: &crate::app::Roles) -> Result<u32, ConfigError> {
-        let consumers = 1 + u32::from(self.notify_webhook_url.is_some());
+    pub fn pool_size(
+        &self,
+        roles: &crate::app::Roles,
+        consumers: usize,
+    ) -> Result<u32, ConfigError> {
+        let consumers = u32::try_from(consumers).unwrap_or(u32::MAX);
         let mut needed = 0u32;
         if roles.consume {
             let handlers = u32::try_from(self.consumer_concurrency).unwrap_or(u32::MAX);
@@ -418,5 +421,19 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+}
+
+/// Hides a password in a database URL before it is printed.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
     }
 }

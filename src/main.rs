@@ -8,10 +8,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
+use seawall::app::serve;
 use seawall::demo::{self, load, publish};
-use seawall::{Application, Roles, config};
+use seawall::{Roles, config};
 
 /// Exactly-once effects over at-least-once messaging.
 #[derive(Debug, Parser)]
@@ -72,15 +72,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("SEAWALL_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    // reqwest (webhooks, the API bench) uses rustls without a provider of its
-    // own; ring is the one sqlx and async-nats already build.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    seawall::app::init();
     let cli = Cli::parse();
     let loaded = config::load(cli.config.as_deref())?;
     let settings = &loaded.settings;
@@ -88,7 +80,10 @@ async fn run() -> Result<()> {
         Command::Migrate => {
             let db = connect(&settings.database_url, settings.tool_pool_size()).await?;
             migration::apply(&db).await.context("applying migrations")?;
-            println!("migrations applied to {}", redact(&settings.database_url));
+            println!(
+                "migrations applied to {}",
+                config::redact(&settings.database_url)
+            );
         }
         Command::Demo => {
             let url = loaded
@@ -98,40 +93,10 @@ async fn run() -> Result<()> {
             migration::apply(&db).await.context("applying migrations")?;
             demo::races::run(db).await?;
         }
-        Command::Run => serve(settings, Roles::ALL).await?,
-        Command::Relay => {
-            serve(
-                settings,
-                Roles {
-                    relay: true,
-                    consume: false,
-                    api: false,
-                },
-            )
-            .await?
-        }
-        Command::Consume => {
-            serve(
-                settings,
-                Roles {
-                    relay: false,
-                    consume: true,
-                    api: false,
-                },
-            )
-            .await?
-        }
-        Command::Api => {
-            serve(
-                settings,
-                Roles {
-                    relay: false,
-                    consume: false,
-                    api: true,
-                },
-            )
-            .await?
-        }
+        Command::Run => serve(settings, Roles::ALL, demo::domain(settings)?).await?,
+        Command::Relay => serve(settings, Roles::RELAY, demo::domain(settings)?).await?,
+        Command::Consume => serve(settings, Roles::CONSUME, demo::domain(settings)?).await?,
+        Command::Api => serve(settings, Roles::API, demo::domain(settings)?).await?,
         Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
         Command::Prune { dry_run } => {
             let retention = settings.retention()?;
@@ -170,41 +135,8 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
-/// Runs `roles` of the demo domain until SIGINT/SIGTERM.
-async fn serve(settings: &config::Settings, roles: Roles) -> Result<()> {
-    let pool = settings.pool_size(&roles)?;
-    let metrics = api::metrics::install().context("installing the metrics recorder")?;
-    let db = connect(&settings.database_url, pool).await?;
-    let domain = demo::domain(settings)?;
-    let app = Application::build(settings, roles, domain, db, Some(metrics)).await?;
-    let api = if roles.api {
-        format!("http://{}/", settings.api_addr)
-    } else {
-        "off".into()
-    };
-    eprintln!(
-        "seawall is running (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
-        roles.relay, roles.consume
-    );
-    app.run_until(seawall::app::stop_on_signal()).await
-}
-
 async fn connect(url: &str, max: u32) -> Result<sea_orm::DatabaseConnection> {
     service::db::connect(url, max)
         .await
-        .with_context(|| format!("connecting to the database at {}", redact(url)))
-}
-
-/// Hides a password in a database URL before it is printed.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
+        .with_context(|| format!("connecting to the database at {}", config::redact(url)))
 }

@@ -8,11 +8,11 @@
 //! - [`inbox_message`]: one row per (message, consumer) handled or claimed.
 //! - [`outbox_message`]: events waiting for, or done with, publication.
 //! - [`dead_letter`]: messages a consumer gave up on, with the reason.
-//! - [`account`], [`credit`]: the demo domain used by the example handler.
+//! - [`demo`]: the example domain's tables (`account`, `credit`); a fork
+//!   deletes the module and adds its own tables (see `docs/fork.md`).
 
-pub mod account;
-pub mod credit;
 pub mod dead_letter;
+pub mod demo;
 pub mod inbox_message;
 pub mod outbox_message;
 pub mod prelude;

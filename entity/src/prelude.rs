@@ -1,7 +1,5 @@
 //! Short names for every entity, for `use entity::prelude::*`.
 
-pub use super::account::Entity as Account;
-pub use super::credit::Entity as Credit;
 pub use super::dead_letter::Entity as DeadLetter;
 pub use super::inbox_message::Entity as InboxMessage;
 pub use super::outbox_message::Entity as OutboxMessage;

@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let payload = parts.next().unwrap_or_default().as_bytes().to_vec();
     if let Ok(envelope) = service::Envelope::from_delivery("credits.requested", headers, payload) {
         assert!(!envelope.message_id.as_str().trim().is_empty());
-        let _ = service::credits::CreditRequest::parse(&envelope.payload);
+        let _ = service::demo::credits::CreditRequest::parse(&envelope.payload);
     }
-    let _ = service::credits::CreditRequest::parse(data);
+    let _ = service::demo::credits::CreditRequest::parse(data);
 });

@@ -10,6 +10,7 @@
 //! - [`apply`]: what start-up calls: pending migrations, one process at a time.
 //! - [`Migrator`]: the ordered list of migrations; `Migrator::up` is idempotent.
 //! - `columns`: backend-aware column shapes shared by the migrations.
+//! - `demo`: the example domain's migration (see `docs/fork.md`).
 
 pub use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{
@@ -17,10 +18,10 @@ use sea_orm_migration::sea_orm::{
 };
 
 mod columns;
+mod demo;
 mod m20261130_000001_create_inbox_message;
 mod m20261130_000002_create_outbox_message;
 mod m20261130_000003_create_dead_letter;
-mod m20261130_000004_create_demo_domain;
 mod m20261130_000005_create_outbox_notify_trigger;
 mod m20261130_000006_add_inbox_claim_message;
 mod m20261130_000007_create_admin_indexes;
@@ -77,7 +78,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_create_inbox_message::Migration),
             Box::new(m20261130_000002_create_outbox_message::Migration),
             Box::new(m20261130_000003_create_dead_letter::Migration),
-            Box::new(m20261130_000004_create_demo_domain::Migration),
+            // The example domain's tables; a fork removes this line with `demo`.
+            Box::new(demo::m20261130_000004_create_demo_domain::Migration),
             Box::new(m20261130_000005_create_outbox_notify_trigger::Migration),
             Box::new(m20261130_000006_add_inbox_claim_message::Migration),
             Box::new(m20261130_000007_create_admin_indexes::Migration),

@@ -70,7 +70,7 @@ fn envelopes(c: &mut Criterion) {
         b.iter(|| Envelope::from_delivery("credits.requested", nats.clone(), payload.clone()))
     });
     group.bench_function("credit request parse", |b| {
-        b.iter(|| service::credits::CreditRequest::parse(std::hint::black_box(&payload)))
+        b.iter(|| service::demo::credits::CreditRequest::parse(std::hint::black_box(&payload)))
     });
     group.finish();
 }

@@ -14,7 +14,8 @@
 //! - [`retention`]: how long rows are kept, and pruning them.
 //! - [`executor`]: [`Executor`], which re-runs whole transactions on transient errors.
 //! - [`classify`]: what a database error means, per backend.
-//! - [`credits`]: the demo domain, as the example of domain logic.
+//! - [`demo`]: the example domain (credits), as the example of domain logic;
+//!   a fork replaces it (see `docs/fork.md`).
 //! - [`registry`]: which handler consumes which subject.
 //! - [`dead_letter`]: recording messages a consumer gave up on.
 //! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.
@@ -26,9 +27,9 @@ pub mod admin;
 pub mod backoff;
 pub mod claim;
 pub mod classify;
-pub mod credits;
 pub mod db;
 pub mod dead_letter;
+pub mod demo;
 pub mod envelope;
 mod error;
 pub mod executor;

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use service::claim::lease_expired;
 use service::classify::{Engine, ErrorShape, Failure, INBOX_INDEX, classify_shape};
-use service::credits::CreditRequest;
+use service::demo::credits::CreditRequest;
 use service::envelope::{Envelope, MAX_MESSAGE_ID_LEN, MessageId};
 use service::executor::RetryPolicy;
 use service::retention::{BrokerSettings, check_inbox_retention};

@@ -16,7 +16,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio_util::sync::CancellationToken;
 
 use seawall::{Application, Roles, Settings, demo};
-use service::credits::{APPLIED_SUBJECT, CREDITS_STREAM, CreditRequest, REQUESTED_SUBJECT};
+use service::demo::credits::{APPLIED_SUBJECT, CREDITS_STREAM, CreditRequest, REQUESTED_SUBJECT};
 
 use super::cpu::{self, CpuSample};
 use super::report::Report;

@@ -13,8 +13,8 @@ use sea_orm::{
     ConnectionTrait, DatabaseConnection, EntityTrait,
 };
 
-use entity::credit;
-use service::credits::{CreditHandler, CreditRequest, REQUESTED_SUBJECT, add_to_balance};
+use entity::demo::credit;
+use service::demo::credits::{CreditHandler, CreditRequest, REQUESTED_SUBJECT, add_to_balance};
 use service::executor::unit;
 use service::{ConsumerName, Envelope, Executor, FastPath, HandlerError, Inbox, MessageId};
 

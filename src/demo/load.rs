@@ -11,7 +11,7 @@ use sea_orm::DatabaseConnection;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use service::credits::{CREDIT_CONSUMER, CreditHandler, CreditRequest, REQUESTED_SUBJECT};
+use service::demo::credits::{CREDIT_CONSUMER, CreditHandler, CreditRequest, REQUESTED_SUBJECT};
 use service::{ConsumerName, Envelope, Executor, Inbox, MessageId, Outcome};
 
 /// What one `load` run did.

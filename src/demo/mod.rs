@@ -17,7 +17,7 @@ use anyhow::Result;
 
 use service::ConsumerName;
 use service::Registry;
-use service::credits::{
+use service::demo::credits::{
     APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT,
 };
 

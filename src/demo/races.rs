@@ -10,8 +10,9 @@ use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use tokio::sync::Barrier;
 
-use entity::{account, credit, inbox_message, outbox_message};
-use service::credits::{
+use entity::demo::{account, credit};
+use entity::{inbox_message, outbox_message};
+use service::demo::credits::{
     CREDIT_CONSUMER, CreditHandler, CreditRequest, REQUESTED_SUBJECT, naive_apply_credit,
 };
 use service::executor::unit;
@@ -153,7 +154,7 @@ async fn rollback(
     let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            service::credits::apply_credit(txn, &env.message_id, &req, None).await?;
+            service::demo::credits::apply_credit(txn, &env.message_id, &req, None).await?;
             Err(HandlerError::Failed(
                 "the payment provider said no after the writes".into(),
             ))

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
-use entity::{credit, dead_letter};
+use crate::support::domain::entry;
+use entity::dead_letter;
 
 use crate::harness::{TOKEN, dead};
 use crate::support::nats::NatsServer;
@@ -45,11 +46,11 @@ async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
     .await;
     // A credit request that failed earlier and was dead-lettered; it is valid
     // now, so a replay applies it.
-    dead_letter::Entity::insert(dead("credit", Some("replay-me")))
+    dead_letter::Entity::insert(dead("ledger", Some("replay-me")))
         .exec_without_returning(&t.db)
         .await
         .unwrap();
-    dead_letter::Entity::insert(dead("credit", None))
+    dead_letter::Entity::insert(dead("ledger", None))
         .exec_without_returning(&t.db)
         .await
         .unwrap();
@@ -83,8 +84,8 @@ async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
         "the replayed credit to be applied",
         Duration::from_secs(30),
         || async {
-            credit::Entity::find()
-                .filter(credit::Column::MessageId.eq("replay-me"))
+            entry::Entity::find()
+                .filter(entry::Column::MessageId.eq("replay-me"))
                 .one(&t.db)
                 .await
                 .unwrap()

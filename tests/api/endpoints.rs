@@ -157,7 +157,7 @@ async fn outbox_pages_filters_and_retries(backend: Backend) {
     for i in 0..23 {
         let status = ["pending", "published", "dead"][i % 3];
         let subject = if i % 2 == 0 {
-            "credits.applied"
+            "ledger.recorded"
         } else {
             "orders.shipped"
         };
@@ -282,11 +282,11 @@ on_backends!(outbox_pages_filters_and_retries: sqlite, postgres);
 async fn inbox_states_and_release(backend: Backend) {
     let api = TestApi::start(backend).await;
     let rows = vec![
-        marker("p1", "credit", "processed"),
-        marker("p2", "credit", "processed"),
-        marker("c1", "notify", "claimed"),
-        marker("e1", "notify", "expired_claim"),
-        marker("q1", "notify", "quarantined"),
+        marker("p1", "ledger", "processed"),
+        marker("p2", "ledger", "processed"),
+        marker("c1", "hook", "claimed"),
+        marker("e1", "hook", "expired_claim"),
+        marker("q1", "hook", "quarantined"),
     ];
     inbox_message::Entity::insert_many(rows)
         .exec_without_returning(&api.t.db)
@@ -314,7 +314,7 @@ async fn inbox_states_and_release(backend: Backend) {
         ["q1"]
     );
     assert_eq!(
-        ids(&api.get("/api/v1/inbox?consumer=credit").await.1),
+        ids(&api.get("/api/v1/inbox?consumer=ledger").await.1),
         ["p2", "p1"]
     );
     assert_eq!(ids(&api.get("/api/v1/inbox?message_id=c1").await.1), ["c1"]);
@@ -363,21 +363,21 @@ on_backends!(inbox_states_and_release: sqlite, postgres);
 async fn dead_letters_list_show_delete_and_replay_rules(backend: Backend) {
     let api = TestApi::start(backend).await;
     let rows = vec![
-        dead("credit", Some("d1")),
-        dead("credit", Some("d2")),
-        dead("notify", None),
+        dead("ledger", Some("d1")),
+        dead("ledger", Some("d2")),
+        dead("hook", None),
     ];
     dead_letter::Entity::insert_many(rows)
         .exec_without_returning(&api.t.db)
         .await
         .unwrap();
-    let (_, page) = api.get("/api/v1/dead-letters?consumer=credit").await;
+    let (_, page) = api.get("/api/v1/dead-letters?consumer=ledger").await;
     assert_eq!(page["items"].as_array().unwrap().len(), 2);
     let (_, stats) = api.get("/api/v1/stats").await;
     assert_eq!(stats["dead_letters"], 3);
     assert_eq!(
         stats["dead_letters_by_consumer"],
-        serde_json::json!([{"consumer": "credit", "count": 2}, {"consumer": "notify", "count": 1}])
+        serde_json::json!([{"consumer": "hook", "count": 1}, {"consumer": "ledger", "count": 2}])
     );
 
     let (_, all) = api.get("/api/v1/dead-letters").await;

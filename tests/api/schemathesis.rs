@@ -21,7 +21,7 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
             .map(|i| {
                 outbox_row(
                     &format!("m-{i}"),
-                    "credits.applied",
+                    "ledger.recorded",
                     ["pending", "published", "dead"][i % 3],
                     Duration::minutes(i as i64),
                 )
@@ -33,12 +33,12 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
         ["processed", "claimed", "expired_claim", "quarantined"]
             .iter()
             .enumerate()
-            .map(|(i, s)| marker(&format!("i-{i}"), "notify", s)),
+            .map(|(i, s)| marker(&format!("i-{i}"), "hook", s)),
     )
     .exec_without_returning(&api.t.db)
     .await
     .unwrap();
-    dead_letter::Entity::insert_many(vec![dead("credit", Some("d-1")), dead("credit", None)])
+    dead_letter::Entity::insert_many(vec![dead("ledger", Some("d-1")), dead("ledger", None)])
         .exec_without_returning(&api.t.db)
         .await
         .unwrap();

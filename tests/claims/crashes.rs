@@ -24,8 +24,8 @@ pub(crate) async fn setup(
     worker::ensure_stream(
         &js,
         &worker::StreamSpec {
-            name: "CREDITS".into(),
-            subjects: vec!["credits.>".into()],
+            name: "LEDGER".into(),
+            subjects: vec!["ledger.>".into()],
             duplicate_window: Duration::from_secs(120),
             max_age: Duration::from_secs(3600),
             replicas: 1,
@@ -39,7 +39,7 @@ pub(crate) async fn setup(
 pub(crate) async fn publish_event(js: &async_nats::jetstream::Context, id: &str) {
     let body = format!(r#"{{"message_id":"req-{id}","account_id":"a","amount":1,"balance":1}}"#);
     let msg = PublishMessage::build().payload(body.into()).message_id(id);
-    js.send_publish("credits.applied", msg)
+    js.send_publish("ledger.recorded", msg)
         .await
         .unwrap()
         .await
@@ -55,7 +55,7 @@ pub(crate) fn consume(
     let mut env = vec![
         ("SEAWALL_DATABASE_URL", db_url.to_owned()),
         ("SEAWALL_NATS_URL", nats.url()),
-        ("SEAWALL_NOTIFY_WEBHOOK_URL", hook.url.clone()),
+        ("TESTBED_WEBHOOK_URL", hook.url.clone()),
         ("SEAWALL_SWEEP_INTERVAL_MS", "100".into()),
         ("SEAWALL_STREAM_MAX_AGE_MS", "3600000".into()),
     ];
@@ -66,7 +66,7 @@ pub(crate) fn consume(
 async fn marker(t: &TestDb, id: &str) -> Option<inbox_message::Model> {
     inbox_message::Entity::find()
         .filter(inbox_message::Column::MessageId.eq(id))
-        .filter(inbox_message::Column::Consumer.eq("notify"))
+        .filter(inbox_message::Column::Consumer.eq("hook"))
         .one(&t.db)
         .await
         .unwrap()
@@ -115,7 +115,7 @@ async fn two_processes_racing_on_one_event_call_the_webhook_once(backend: Backen
         || async {
             let mut c = js
                 .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
-                    "notify", "CREDITS",
+                    "hook", "LEDGER",
                 )
                 .await
                 .unwrap();
@@ -244,7 +244,7 @@ async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend)
     let letters = dead_letter::Entity::find().all(&t.db).await.unwrap();
     assert_eq!(letters.len(), 1, "{letters:?}");
     let letter = &letters[0];
-    assert_eq!(letter.consumer, "notify");
+    assert_eq!(letter.consumer, "hook");
     assert_eq!(letter.message_id.as_deref(), Some("evt-broken"));
     assert!(letter.error.contains("needs a person"), "{}", letter.error);
     assert!(
@@ -252,7 +252,7 @@ async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend)
         "the last failure is kept: {}",
         letter.error
     );
-    assert_eq!(letter.subject, "credits.applied");
+    assert_eq!(letter.subject, "ledger.recorded");
     assert_eq!(
         hook.calls().get("evt-broken"),
         Some(&3),

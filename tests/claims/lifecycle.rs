@@ -16,7 +16,7 @@ use crate::crashes::{consume, publish_event, setup};
 use crate::on_backends;
 use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::webhook::WebhookServer;
-use crate::support::{Backend, TestDb, credit_envelope, wait_until};
+use crate::support::{Backend, TestDb, entry_envelope, wait_until};
 
 /// A lease that is over the moment it is taken, so the sweeper's clock
 /// (passed in) decides without waiting.
@@ -37,8 +37,8 @@ async fn the_row(t: &TestDb) -> inbox_message::Model {
 }
 
 async fn acquire(t: &TestDb, policy: &ClaimPolicy) -> service::claim::ClaimGuard {
-    let consumer = ConsumerName::parse("notify").unwrap();
-    let env = credit_envelope("evt-late", "a", 1, None);
+    let consumer = ConsumerName::parse("hook").unwrap();
+    let env = entry_envelope("evt-late", "a", 1, None);
     match claim(&t.db, &env, &consumer, policy).await.unwrap() {
         ClaimOutcome::Acquired(guard) => guard,
         other => panic!("expected to acquire, got {other:?}"),
@@ -113,7 +113,7 @@ async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
         || async {
             let Ok(mut c) = js
                 .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
-                    "notify", "CREDITS",
+                    "hook", "LEDGER",
                 )
                 .await
             else {
@@ -129,7 +129,7 @@ async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
     )
     .await;
     let rows = inbox_message::Entity::find()
-        .filter(inbox_message::Column::Consumer.eq("notify"))
+        .filter(inbox_message::Column::Consumer.eq("hook"))
         .all(&t.db)
         .await
         .unwrap();
@@ -146,7 +146,7 @@ async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
         quarantined += u64::from(parked);
     }
     let letters = dead_letter::Entity::find()
-        .filter(dead_letter::Column::Consumer.eq("notify"))
+        .filter(dead_letter::Column::Consumer.eq("hook"))
         .count(&t.db)
         .await
         .unwrap();

@@ -10,21 +10,21 @@ use sea_orm::{
     ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter,
 };
 
+use crate::support::domain::LedgerHandler;
 use entity::{inbox_message, outbox_message};
-use service::credits::CreditHandler;
 use service::retention::{PruneConfig, prune, prune_dry_run};
 use service::{ConsumerName, Executor, Inbox, Outcome};
 
 use crate::on_backends;
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb, credit_envelope};
+use crate::support::{Backend, TestDb, entry_envelope};
 
 fn old_marker(i: usize, age: chrono::Duration) -> inbox_message::ActiveModel {
     let at = Utc::now() - age;
     inbox_message::ActiveModel {
         id: NotSet,
         message_id: Set(format!("old-{i}")),
-        consumer: Set("credit".into()),
+        consumer: Set("ledger".into()),
         received_at: Set(at),
         processed_at: Set(Some(at)),
         claimed_by: Set(None),
@@ -43,7 +43,7 @@ fn old_event(i: usize, published: bool, dead: bool) -> outbox_message::ActiveMod
     outbox_message::ActiveModel {
         id: NotSet,
         message_id: Set(format!("old-event-{i}")),
-        subject: Set("credits.applied".into()),
+        subject: Set("ledger.recorded".into()),
         payload: Set(b"{}".to_vec()),
         headers: Set(serde_json::json!({})),
         ordering_key: Set(None),
@@ -91,10 +91,10 @@ async fn pruning_removes_exactly_the_expired_rows_while_work_goes_on(backend: Ba
         .unwrap();
 
     let inbox = Inbox::new(Executor::new(t.db.clone()));
-    let consumer = ConsumerName::parse("credit").unwrap();
-    let recent = credit_envelope("recent-0", "acct", 1, None);
+    let consumer = ConsumerName::parse("ledger").unwrap();
+    let recent = entry_envelope("recent-0", "acct", 1, None);
     inbox
-        .process(&recent, &consumer, &CreditHandler::default())
+        .process(&recent, &consumer, &LedgerHandler::default())
         .await
         .unwrap();
 
@@ -112,9 +112,9 @@ async fn pruning_removes_exactly_the_expired_rows_while_work_goes_on(backend: Ba
         tokio::spawn(async move {
             let mut n = 1;
             while !stop.load(Ordering::Relaxed) {
-                let env = credit_envelope(&format!("recent-{n}"), "acct", 1, None);
+                let env = entry_envelope(&format!("recent-{n}"), "acct", 1, None);
                 inbox
-                    .process(&env, &consumer, &CreditHandler::default())
+                    .process(&env, &consumer, &LedgerHandler::default())
                     .await
                     .unwrap();
                 n += 1;
@@ -163,7 +163,7 @@ async fn pruning_removes_exactly_the_expired_rows_while_work_goes_on(backend: Ba
     );
     assert_eq!(
         inbox
-            .process(&recent, &consumer, &CreditHandler::default())
+            .process(&recent, &consumer, &LedgerHandler::default())
             .await
             .unwrap(),
         Outcome::Duplicate

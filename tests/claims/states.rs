@@ -24,7 +24,7 @@ fn marker(
     inbox_message::ActiveModel {
         id: NotSet,
         message_id: Set(format!("m-{i}")),
-        consumer: Set("notify".into()),
+        consumer: Set("hook".into()),
         received_at: Set(Utc::now()),
         processed_at: Set(processed),
         claimed_by: Set(lease_until.map(|_| "instance".into())),

@@ -12,7 +12,7 @@ use service::ConsumerName;
 use service::claim::{ClaimOutcome, ClaimPolicy, claim};
 
 use crate::on_backends;
-use crate::support::{Backend, TestDb, credit_envelope};
+use crate::support::{Backend, TestDb, entry_envelope};
 
 fn policy(instance: &str) -> ClaimPolicy {
     ClaimPolicy {
@@ -25,8 +25,8 @@ fn policy(instance: &str) -> ClaimPolicy {
 /// Two instances claim at once; one owns it.
 async fn two_instances_claiming_one_message_get_one_owner(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let consumer = ConsumerName::parse("notify").unwrap();
-    let env = credit_envelope("evt-1", "a", 1, None);
+    let consumer = ConsumerName::parse("hook").unwrap();
+    let env = entry_envelope("evt-1", "a", 1, None);
     let (a, b) = (t.db.clone(), t.second_pool().await);
     let (pa, pb) = (policy("a"), policy("b"));
     let (ra, rb) = tokio::join!(
@@ -60,8 +60,8 @@ on_backends!(two_instances_claiming_one_message_get_one_owner: sqlite, postgres)
 /// and the loser of a late `complete` is told it lost the lease.
 async fn eight_contenders_for_an_expired_claim_produce_one_owner(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let consumer = ConsumerName::parse("notify").unwrap();
-    let env = credit_envelope("evt-race", "a", 1, None);
+    let consumer = ConsumerName::parse("hook").unwrap();
+    let env = entry_envelope("evt-race", "a", 1, None);
     let ClaimOutcome::Acquired(stale) = claim(&t.db, &env, &consumer, &policy("crashed"))
         .await
         .unwrap()

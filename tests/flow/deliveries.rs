@@ -9,21 +9,22 @@ use async_nats::jetstream::{self, consumer::pull};
 use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::domain::Entry;
+use crate::support::domain::{LEDGER_CONSUMER, LEDGER_STREAM, LedgerHandler, RECORD_SUBJECT};
 use entity::prelude::*;
-use service::credits::{CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT};
 use service::{ConsumerName, Executor, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig};
 
-use crate::helpers::{env, publish_credits, publish_raw, req, with_credits_stream};
+use crate::helpers::{env, publish_entries, publish_raw, req, with_ledger_stream};
 use crate::support::process::Seawall;
 use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::{Backend, connect, wait_until};
 
 /// The `credit` durable consumer's state, once a process has created it.
 async fn consumer_info(js: &jetstream::Context) -> Option<jetstream::consumer::Info> {
-    let stream = js.get_stream(CREDITS_STREAM).await.ok()?;
+    let stream = js.get_stream(LEDGER_STREAM).await.ok()?;
     let mut consumer: jetstream::consumer::Consumer<pull::Config> =
-        stream.get_consumer(CREDIT_CONSUMER).await.ok()?;
+        stream.get_consumer(LEDGER_CONSUMER).await.ok()?;
     consumer.info().await.ok().cloned()
 }
 
@@ -38,7 +39,7 @@ where
     E::find().count(db).await.unwrap()
 }
 
-fn credits(n: usize, prefix: &str) -> Vec<(String, service::credits::CreditRequest)> {
+fn credits(n: usize, prefix: &str) -> Vec<(String, crate::support::domain::EntryRequest)> {
     (0..n)
         .map(|i| (format!("{prefix}-{i}"), req(&format!("acct-{}", i % 7), 1)))
         .collect()
@@ -46,19 +47,19 @@ fn credits(n: usize, prefix: &str) -> Vec<(String, service::credits::CreditReque
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_killed_during_the_last_allowed_delivery_loses_nothing() {
-    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     let settings = env(
         &t.url,
         &nats.url(),
         &[
             ("SEAWALL_MAX_DELIVER", "1"),
-            ("SEAWALL_DEMO_WORK_MS", "1500"),
+            ("TESTBED_WORK_MS", "1500"),
             ("SEAWALL_ACK_WAIT_MS", "2000"),
             ("SEAWALL_CONSUMER_CONCURRENCY", "16"),
         ],
     );
     let mut first = Seawall::spawn(&["consume"], &settings);
-    publish_credits(&js, &credits(16, "last")).await;
+    publish_entries(&js, &credits(16, "last")).await;
     wait_until(
         "16 messages in the handler",
         Duration::from_secs(30),
@@ -71,11 +72,11 @@ async fn a_consumer_killed_during_the_last_allowed_delivery_loses_nothing() {
     wait_until(
         "every message credited or dead-lettered",
         Duration::from_secs(20),
-        || async { count::<Credit>(&t.db).await + count::<DeadLetter>(&t.db).await >= 16 },
+        || async { count::<Entry>(&t.db).await + count::<DeadLetter>(&t.db).await >= 16 },
     )
     .await;
     assert_eq!(
-        count::<Credit>(&t.db).await,
+        count::<Entry>(&t.db).await,
         16,
         "valid messages are credited"
     );
@@ -85,12 +86,12 @@ async fn a_consumer_killed_during_the_last_allowed_delivery_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_durable_consumer_with_a_broker_delivery_limit_is_updated_at_start_up() {
-    let (t, _nats, js) = with_credits_stream(Backend::Sqlite).await;
-    let stream = js.get_stream(CREDITS_STREAM).await.unwrap();
+    let (t, _nats, js) = with_ledger_stream(Backend::Sqlite).await;
+    let stream = js.get_stream(LEDGER_STREAM).await.unwrap();
     stream
         .create_consumer(pull::Config {
-            durable_name: Some(CREDIT_CONSUMER.into()),
-            filter_subject: REQUESTED_SUBJECT.into(),
+            durable_name: Some(LEDGER_CONSUMER.into()),
+            filter_subject: RECORD_SUBJECT.into(),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
             max_deliver: 5,
             ..Default::default()
@@ -98,15 +99,15 @@ async fn a_durable_consumer_with_a_broker_delivery_limit_is_updated_at_start_up(
         .await
         .unwrap();
     let registry = Registry::new().register(
-        ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
-        REQUESTED_SUBJECT,
-        CreditHandler::default(),
+        ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
+        RECORD_SUBJECT,
+        LedgerHandler::default(),
     );
     let consumer = Consumer::new(
         Inbox::new(Executor::new(t.db.clone())),
         js.clone(),
         registry.registrations()[0].clone(),
-        ConsumerConfig::default(),
+        ConsumerConfig::new(crate::support::domain::LEDGER_STREAM),
     );
     consumer.ensure().await.unwrap();
     assert_eq!(consumer_info(&js).await.unwrap().config.max_deliver, -1);
@@ -128,7 +129,7 @@ async fn role_without_dead_letter_insert(admin: &DatabaseConnection, url: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_letter_refused_on_the_last_delivery_is_recorded_once_the_insert_succeeds() {
-    let (t, _nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, _nats, js) = with_ledger_stream(Backend::Postgres).await;
     let limited_url = role_without_dead_letter_insert(&t.db, &t.url).await;
     let role = limited_url
         .split("://")
@@ -140,9 +141,9 @@ async fn a_dead_letter_refused_on_the_last_delivery_is_recorded_once_the_insert_
         .to_owned();
     let limited = connect(&limited_url, 8).await;
     let registry = Registry::new().register(
-        ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
-        REQUESTED_SUBJECT,
-        CreditHandler::default(),
+        ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
+        RECORD_SUBJECT,
+        LedgerHandler::default(),
     );
     let consumer = Consumer::new(
         Inbox::new(Executor::new(limited)),
@@ -152,7 +153,7 @@ async fn a_dead_letter_refused_on_the_last_delivery_is_recorded_once_the_insert_
             max_deliver: 1,
             nak_base: Duration::from_millis(20),
             nak_max: Duration::from_millis(200),
-            ..ConsumerConfig::default()
+            ..ConsumerConfig::new(crate::support::domain::LEDGER_STREAM)
         },
     );
     consumer.ensure().await.unwrap();
@@ -195,54 +196,51 @@ async fn a_dead_letter_refused_on_the_last_delivery_is_recorded_once_the_insert_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_database_outage_spends_no_deliveries_and_dead_letters_nothing() {
-    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     let upstream = upstream_of(&t.url);
     let proxy = Proxy::start(upstream).await;
     let settings = env(
         &proxy.url_for(&t.url, upstream),
         &nats.url(),
-        &[("SEAWALL_DEMO_WORK_MS", "20")],
+        &[("TESTBED_WORK_MS", "20")],
     );
     let consume = Seawall::spawn(&["consume"], &settings);
-    publish_credits(&js, &credits(2000, "outage")).await;
+    publish_entries(&js, &credits(2000, "outage")).await;
     wait_until("the first credits", Duration::from_secs(60), || async {
-        count::<Credit>(&t.db).await >= 300
+        count::<Entry>(&t.db).await >= 300
     })
     .await;
     proxy.cut();
     // The fault itself lasts a fixed time: long enough for every in-flight
     // message to use up its deliveries if outages counted against them.
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert!(
-        count::<Credit>(&t.db).await < 2000,
-        "the outage hit traffic"
-    );
+    assert!(count::<Entry>(&t.db).await < 2000, "the outage hit traffic");
     proxy.restore();
     wait_until("all 2,000 credited", Duration::from_secs(90), || async {
-        count::<Credit>(&t.db).await >= 2000
+        count::<Entry>(&t.db).await >= 2000
     })
     .await;
-    assert_eq!(count::<Credit>(&t.db).await, 2000);
+    assert_eq!(count::<Entry>(&t.db).await, 2000);
     assert_eq!(count::<DeadLetter>(&t.db).await, 0);
     consume.assert_no_panic();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_longer_than_the_ack_wait_is_delivered_once() {
-    let (t, nats, js) = with_credits_stream(Backend::Sqlite).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
     let settings = env(
         &t.url,
         &nats.url(),
         &[
             ("SEAWALL_ACK_WAIT_MS", "1000"),
-            ("SEAWALL_DEMO_WORK_MS", "3000"),
+            ("TESTBED_WORK_MS", "3000"),
             ("SEAWALL_MAX_DELIVER", "2"),
         ],
     );
     let consume = Seawall::spawn(&["consume"], &settings);
-    publish_credits(&js, &credits(1, "slow")).await;
+    publish_entries(&js, &credits(1, "slow")).await;
     wait_until("the credit", Duration::from_secs(30), || async {
-        count::<Credit>(&t.db).await == 1
+        count::<Entry>(&t.db).await == 1
     })
     .await;
     wait_until("the ack", Duration::from_secs(10), || async {
@@ -253,6 +251,6 @@ async fn a_handler_longer_than_the_ack_wait_is_delivered_once() {
     assert_eq!(info.delivered.consumer_sequence, 1, "delivered once");
     assert_eq!(info.num_redelivered, 0);
     assert_eq!(count::<DeadLetter>(&t.db).await, 0);
-    assert_eq!(count::<Credit>(&t.db).await, 1);
+    assert_eq!(count::<Entry>(&t.db).await, 1);
     consume.assert_no_panic();
 }

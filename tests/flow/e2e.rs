@@ -2,10 +2,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::domain::Entry;
 use entity::prelude::*;
 
 use crate::helpers::{
-    applied_events_once_each, credits_stream, drain, env, publish_credits, req, with_credits_stream,
+    applied_events_once_each, drain, env, ledger_stream, publish_entries, req, with_ledger_stream,
 };
 use crate::on_backends;
 use crate::support::nats::NatsServer;
@@ -16,21 +17,21 @@ const MESSAGES: usize = 1_000;
 
 /// 1,000 requests -> 1,000 credits -> 1,000 events, each id once.
 async fn a_thousand_requests_become_a_thousand_credits_and_events(backend: Backend) {
-    let (t, nats, js) = with_credits_stream(backend).await;
+    let (t, nats, js) = with_ledger_stream(backend).await;
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
     let msgs: Vec<_> = (0..MESSAGES)
         .map(|i| (format!("e2e-{i}"), req(&format!("acct-{}", i % 10), 100)))
         .collect();
     let started = Instant::now();
-    publish_credits(&js, &msgs).await;
-    crate::helpers::wait_for_rows::<Credit>(&t.db, MESSAGES as u64, Duration::from_secs(120)).await;
+    publish_entries(&js, &msgs).await;
+    crate::helpers::wait_for_rows::<Entry>(&t.db, MESSAGES as u64, Duration::from_secs(120)).await;
     drain(&t.db, &js, Duration::from_secs(60)).await;
     let elapsed = started.elapsed();
     eprintln!(
         "e2e on {backend:?}: {MESSAGES} messages in {elapsed:?} = {:.0} messages/s (publish -> credit -> event published)",
         MESSAGES as f64 / elapsed.as_secs_f64()
     );
-    assert_eq!(t.count(Credit).await, MESSAGES as u64);
+    assert_eq!(t.count(Entry).await, MESSAGES as u64);
     assert_eq!(t.count(InboxMessage).await, MESSAGES as u64);
     assert_eq!(t.count(DeadLetter).await, 0);
     assert_eq!(applied_events_once_each(&js).await, MESSAGES);
@@ -45,25 +46,29 @@ async fn relay_and_consumer_survive_a_nats_restart() {
     let t = TestDb::new(Backend::Sqlite).await;
     let mut nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(120)))
         .await
         .unwrap();
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
     let first: Vec<_> = (0..100)
         .map(|i| (format!("a-{i}"), req("acct", 1)))
         .collect();
-    publish_credits(&js, &first).await;
-    crate::helpers::wait_for_rows::<Credit>(&t.db, 100, Duration::from_secs(60)).await;
+    publish_entries(&js, &first).await;
+    crate::helpers::wait_for_rows::<Entry>(&t.db, 100, Duration::from_secs(60)).await;
 
     nats.stop();
     // While the broker is down, a producer keeps writing outbox rows: the
     // relay's publishes fail and are retried, nothing is lost.
     let inbox = service::Inbox::new(service::Executor::new(t.db.clone()));
-    let consumer = service::ConsumerName::parse("credit").unwrap();
+    let consumer = service::ConsumerName::parse("ledger").unwrap();
     for i in 0..50 {
-        let env = crate::support::credit_envelope(&format!("offline-{i}"), "acct", 1, None);
+        let env = crate::support::entry_envelope(&format!("offline-{i}"), "acct", 1, None);
         inbox
-            .process(&env, &consumer, &service::credits::CreditHandler::default())
+            .process(
+                &env,
+                &consumer,
+                &crate::support::domain::LedgerHandler::default(),
+            )
             .await
             .unwrap();
     }
@@ -73,10 +78,10 @@ async fn relay_and_consumer_survive_a_nats_restart() {
     let second: Vec<_> = (0..100)
         .map(|i| (format!("b-{i}"), req("acct", 1)))
         .collect();
-    publish_credits(&js, &second).await;
-    crate::helpers::wait_for_rows::<Credit>(&t.db, 250, Duration::from_secs(90)).await;
+    publish_entries(&js, &second).await;
+    crate::helpers::wait_for_rows::<Entry>(&t.db, 250, Duration::from_secs(90)).await;
     drain(&t.db, &js, Duration::from_secs(90)).await;
-    assert_eq!(t.count(Credit).await, 250);
+    assert_eq!(t.count(Entry).await, 250);
     assert_eq!(applied_events_once_each(&js).await, 250);
     assert!(run.terminate().await.success(), "{}", run.log_text());
     run.assert_no_panic();
@@ -86,7 +91,7 @@ async fn relay_and_consumer_survive_a_nats_restart() {
 /// and the relay onto the event it caused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_trace_context_travels_from_request_to_event() {
-    let (t, nats, js) = with_credits_stream(Backend::Sqlite).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
     let mut run = Seawall::spawn(&["run"], &env(&t.url, &nats.url(), &[]));
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let payload = serde_json::to_vec(&req("acct", 5)).unwrap();
@@ -94,17 +99,17 @@ async fn the_trace_context_travels_from_request_to_event() {
         .payload(payload.into())
         .message_id("traced-1")
         .header("traceparent", parent);
-    js.send_publish("credits.requested", msg)
+    js.send_publish("ledger.record", msg)
         .await
         .unwrap()
         .await
         .unwrap();
-    crate::helpers::wait_for_rows::<Credit>(&t.db, 1, Duration::from_secs(30)).await;
+    crate::helpers::wait_for_rows::<Entry>(&t.db, 1, Duration::from_secs(30)).await;
     drain(&t.db, &js, Duration::from_secs(30)).await;
-    let mut stream = js.get_stream("CREDITS").await.unwrap();
+    let mut stream = js.get_stream("LEDGER").await.unwrap();
     let last = stream.info().await.unwrap().state.last_sequence;
     let event = stream.get_raw_message(last).await.unwrap();
-    assert_eq!(event.subject.as_str(), "credits.applied");
+    assert_eq!(event.subject.as_str(), "ledger.recorded");
     assert_eq!(
         event
             .headers

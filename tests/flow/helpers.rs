@@ -6,17 +6,17 @@ use std::time::Duration;
 use async_nats::jetstream::{self, message::PublishMessage};
 use sea_orm::{DatabaseConnection, EntityTrait, PaginatorTrait};
 
-use service::credits::{APPLIED_SUBJECT, CREDITS_STREAM, CreditRequest, REQUESTED_SUBJECT};
+use crate::support::domain::{EntryRequest, LEDGER_STREAM, RECORD_SUBJECT, RECORDED_SUBJECT};
 use worker::StreamSpec;
 
 use crate::support::nats::NatsServer;
 use crate::support::{Backend, TestDb};
 
-/// The demo stream with a given duplicate window.
-pub fn credits_stream(window: Duration) -> StreamSpec {
+/// The test domain's stream with a given duplicate window.
+pub fn ledger_stream(window: Duration) -> StreamSpec {
     StreamSpec {
-        name: CREDITS_STREAM.into(),
-        subjects: vec!["credits.>".into()],
+        name: LEDGER_STREAM.into(),
+        subjects: vec!["ledger.>".into()],
         duplicate_window: window,
         max_age: Duration::from_secs(3600),
         replicas: 1,
@@ -24,12 +24,12 @@ pub fn credits_stream(window: Duration) -> StreamSpec {
 }
 
 /// What most flow tests start from: a fresh database on `backend`, a fresh
-/// nats-server, and the CREDITS stream with a two-minute duplicate window.
-pub async fn with_credits_stream(backend: Backend) -> (TestDb, NatsServer, jetstream::Context) {
+/// nats-server, and the LEDGER stream with a two-minute duplicate window.
+pub async fn with_ledger_stream(backend: Backend) -> (TestDb, NatsServer, jetstream::Context) {
     let t = TestDb::new(backend).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_secs(120)))
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(120)))
         .await
         .unwrap();
     (t, nats, js)
@@ -52,28 +52,28 @@ pub fn env(db_url: &str, nats_url: &str, extra: &[(&str, &str)]) -> Vec<(&'stati
     env
 }
 
-/// Publishes `credits.requested` messages, each with its own `Nats-Msg-Id`.
-pub async fn publish_credits(js: &jetstream::Context, msgs: &[(String, CreditRequest)]) {
+/// Publishes `ledger.record` messages, each with its own `Nats-Msg-Id`.
+pub async fn publish_entries(js: &jetstream::Context, msgs: &[(String, EntryRequest)]) {
     let mut acks = Vec::new();
     for (id, req) in msgs {
         let payload = serde_json::to_vec(req).unwrap();
         let msg = PublishMessage::build()
             .payload(payload.into())
             .message_id(id);
-        acks.push(js.send_publish(REQUESTED_SUBJECT, msg).await.unwrap());
+        acks.push(js.send_publish(RECORD_SUBJECT, msg).await.unwrap());
     }
     for ack in acks {
         ack.await.unwrap();
     }
 }
 
-/// Publishes a raw message on `credits.requested`.
+/// Publishes a raw message on `ledger.record`.
 pub async fn publish_raw(js: &jetstream::Context, id: Option<&str>, payload: &[u8]) {
     let mut msg = PublishMessage::build().payload(payload.to_vec().into());
     if let Some(id) = id {
         msg = msg.message_id(id);
     }
-    js.send_publish(REQUESTED_SUBJECT, msg)
+    js.send_publish(RECORD_SUBJECT, msg)
         .await
         .unwrap()
         .await
@@ -82,7 +82,7 @@ pub async fn publish_raw(js: &jetstream::Context, id: Option<&str>, payload: &[u
 
 /// Every message stored on `subject`, as (Nats-Msg-Id, payload), in stream order.
 pub async fn stored_on(js: &jetstream::Context, subject: &str) -> Vec<(String, Vec<u8>)> {
-    let mut stream = js.get_stream(CREDITS_STREAM).await.unwrap();
+    let mut stream = js.get_stream(LEDGER_STREAM).await.unwrap();
     let last = stream.info().await.unwrap().state.last_sequence;
     let mut out = Vec::new();
     for seq in 1..=last {
@@ -101,9 +101,9 @@ pub async fn stored_on(js: &jetstream::Context, subject: &str) -> Vec<(String, V
     out
 }
 
-/// `credits.applied` events: asserts each id is there once and returns the count.
+/// `ledger.recorded` events: asserts each id is there once and returns the count.
 pub async fn applied_events_once_each(js: &jetstream::Context) -> usize {
-    let events = stored_on(js, APPLIED_SUBJECT).await;
+    let events = stored_on(js, RECORDED_SUBJECT).await;
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (id, _) in &events {
         *seen.entry(id.clone()).or_default() += 1;
@@ -129,15 +129,15 @@ where
     .await;
 }
 
-/// Drains the outbox and the `credit` consumer.
+/// Drains the outbox and the `ledger` consumer.
 pub async fn drain(db: &DatabaseConnection, js: &jetstream::Context, timeout: Duration) {
-    worker::drain(db, js, CREDITS_STREAM, &["credit"], timeout)
+    worker::drain(db, js, LEDGER_STREAM, &["ledger"], timeout)
         .await
         .unwrap();
 }
 
-pub fn req(account: &str, amount: i64) -> CreditRequest {
-    CreditRequest {
+pub fn req(account: &str, amount: i64) -> EntryRequest {
+    EntryRequest {
         account_id: account.into(),
         amount,
         reference: None,

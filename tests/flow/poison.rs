@@ -8,14 +8,15 @@ use futures::future::BoxFuture;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::domain::Entry;
+use crate::support::domain::{LEDGER_CONSUMER, LedgerHandler};
 use entity::dead_letter;
 use entity::prelude::*;
-use service::credits::{CREDIT_CONSUMER, CreditHandler};
 use service::inbox::handler;
 use service::{ConsumerName, Executor, HandlerError, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig};
 
-use crate::helpers::{publish_credits, publish_raw, req, wait_for_rows, with_credits_stream};
+use crate::helpers::{publish_entries, publish_raw, req, wait_for_rows, with_ledger_stream};
 use crate::support::{Backend, TestDb, wait_until};
 
 async fn start_consumers(
@@ -28,7 +29,7 @@ async fn start_consumers(
         max_deliver: 3,
         ack_wait: Duration::from_secs(5),
         nak_base: Duration::from_millis(10),
-        ..ConsumerConfig::default()
+        ..ConsumerConfig::new(crate::support::domain::LEDGER_STREAM)
     };
     let cancel = CancellationToken::new();
     let mut tasks = Vec::new();
@@ -50,7 +51,7 @@ async fn start_consumers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() {
-    let (t, _nats, js) = with_credits_stream(Backend::Sqlite).await;
+    let (t, _nats, js) = with_ledger_stream(Backend::Sqlite).await;
     let always_fails = handler(|_txn, _env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async {
             Err(HandlerError::Failed(
@@ -60,13 +61,13 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
     });
     let registry = Registry::new()
         .register(
-            ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
-            "credits.requested",
-            CreditHandler::default(),
+            ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
+            "ledger.record",
+            LedgerHandler::default(),
         )
         .register(
             ConsumerName::parse("flaky").unwrap(),
-            "credits.flaky",
+            "ledger.flaky",
             always_fails,
         );
     let (cancel, tasks) = start_consumers(&t, &js, registry).await;
@@ -78,7 +79,7 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
     let msg = async_nats::jetstream::message::PublishMessage::build()
         .payload("{}".into())
         .message_id("flaky-1");
-    js.send_publish("credits.flaky", msg)
+    js.send_publish("ledger.flaky", msg)
         .await
         .unwrap()
         .await
@@ -86,9 +87,9 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
     let good: Vec<_> = (0..20)
         .map(|i| (format!("good-{i}"), req("acct", 10)))
         .collect();
-    publish_credits(&js, &good).await;
+    publish_entries(&js, &good).await;
 
-    wait_for_rows::<Credit>(&t.db, 20, Duration::from_secs(30)).await;
+    wait_for_rows::<Entry>(&t.db, 20, Duration::from_secs(30)).await;
     wait_for_rows::<DeadLetter>(&t.db, 5, Duration::from_secs(30)).await;
     let reason = |id: Option<&'static str>| {
         let db = t.db.clone();
@@ -105,20 +106,20 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
         reason(Some("bad-json"))
             .await
             .error
-            .contains("malformed credit request")
+            .contains("malformed entry")
     );
     assert!(reason(None).await.error.contains("no id"));
     assert!(
         reason(Some("negative"))
             .await
             .error
-            .contains("positive integer")
+            .contains("amount must be positive")
     );
     assert!(
         reason(Some("fraction"))
             .await
             .error
-            .contains("malformed credit request")
+            .contains("malformed entry")
     );
     let flaky = reason(Some("flaky-1")).await;
     assert_eq!(
@@ -138,7 +139,7 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(t.count(Credit).await, 20);
+    assert_eq!(t.count(Entry).await, 20);
     assert_eq!(
         t.count(DeadLetter).await,
         5,
@@ -148,30 +149,30 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_consumers_of_one_subject_each_apply_a_message_once() {
-    let (t, _nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, _nats, js) = with_ledger_stream(Backend::Postgres).await;
     let registry = Registry::new()
         .register(
-            ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
-            "credits.requested",
-            CreditHandler::default(),
+            ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
+            "ledger.record",
+            LedgerHandler::default(),
         )
         .register(
             ConsumerName::parse("mirror").unwrap(),
-            "credits.requested",
-            CreditHandler::default(),
+            "ledger.record",
+            LedgerHandler::default(),
         );
     let (cancel, tasks) = start_consumers(&t, &js, registry).await;
     let msgs: Vec<_> = (0..50)
         .map(|i| (format!("both-{i}"), req("acct", 1)))
         .collect();
-    publish_credits(&js, &msgs).await;
-    publish_credits(&js, &msgs[..10]).await; // deduped by JetStream: still 50
+    publish_entries(&js, &msgs).await;
+    publish_entries(&js, &msgs[..10]).await; // deduped by JetStream: still 50
     wait_for_rows::<InboxMessage>(&t.db, 100, Duration::from_secs(30)).await;
     // No relay runs here, so the outbox is not drained; wait for the consumers.
     wait_until("both consumers to ack everything", Duration::from_secs(30), || async {
         let mut idle = true;
-        for name in ["credit", "mirror"] {
-            let mut c = js.get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(name, "CREDITS").await.unwrap();
+        for name in ["ledger", "mirror"] {
+            let mut c = js.get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(name, "LEDGER").await.unwrap();
             let info = c.info().await.unwrap();
             idle &= info.num_pending == 0 && info.num_ack_pending == 0;
         }
@@ -182,7 +183,7 @@ async fn two_consumers_of_one_subject_each_apply_a_message_once() {
     for task in tasks {
         task.await.unwrap();
     }
-    for consumer in ["credit", "mirror"] {
+    for consumer in ["ledger", "mirror"] {
         let n = InboxMessage::find()
             .filter(entity::inbox_message::Column::Consumer.eq(consumer))
             .all(&t.db)
@@ -191,5 +192,5 @@ async fn two_consumers_of_one_subject_each_apply_a_message_once() {
             .len();
         assert_eq!(n, 50, "{consumer} applied each message once");
     }
-    assert_eq!(t.count(Credit).await, 100);
+    assert_eq!(t.count(Entry).await, 100);
 }

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use crate::support::domain::Entry;
 use entity::prelude::*;
 
 use crate::helpers::{
-    applied_events_once_each, credits_stream, drain, env, publish_credits, req, with_credits_stream,
+    applied_events_once_each, drain, env, ledger_stream, publish_entries, req, with_ledger_stream,
 };
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
@@ -17,7 +18,7 @@ async fn credit_consumer(
 ) -> Option<async_nats::jetstream::consumer::Info> {
     let mut consumer = js
         .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
-            "credit", "CREDITS",
+            "ledger", "LEDGER",
         )
         .await
         .ok()?;
@@ -30,9 +31,9 @@ async fn credit_consumer(
 /// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
-    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     let slow = [
-        ("SEAWALL_DEMO_WORK_MS", "1500"),
+        ("TESTBED_WORK_MS", "1500"),
         ("SEAWALL_ACK_WAIT_MS", "400"),
         ("SEAWALL_MAX_DELIVER", "20"),
     ];
@@ -40,7 +41,7 @@ async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
     let msgs: Vec<_> = (0..10)
         .map(|i| (format!("seed-{i}"), req("acct", 7)))
         .collect();
-    publish_credits(&js, &msgs).await;
+    publish_entries(&js, &msgs).await;
     wait_until(
         "the first process to hold every message",
         Duration::from_secs(30),
@@ -65,7 +66,7 @@ async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
     .await;
     a.thaw();
     let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &[]));
-    crate::helpers::wait_for_rows::<Credit>(&t.db, 10, Duration::from_secs(60)).await;
+    crate::helpers::wait_for_rows::<Entry>(&t.db, 10, Duration::from_secs(60)).await;
     drain(&t.db, &js, Duration::from_secs(60)).await;
 
     let info = credit_consumer(&js).await.unwrap();
@@ -73,7 +74,7 @@ async fn a_redelivery_racing_the_first_delivery_is_applied_once() {
         info.num_redelivered > 0 || info.delivered.consumer_sequence > 10,
         "the race was set up: copies were redelivered"
     );
-    assert_eq!(t.count(Credit).await, 10);
+    assert_eq!(t.count(Entry).await, 10);
     assert_eq!(t.count(InboxMessage).await, 10);
     assert_eq!(t.count(DeadLetter).await, 0);
     assert_eq!(applied_events_once_each(&js).await, 10);
@@ -90,7 +91,7 @@ async fn copies_past_the_broker_dedupe_window_are_applied_once() {
     let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_millis(100)))
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_millis(100)))
         .await
         .unwrap();
     let cfg = [
@@ -103,21 +104,21 @@ async fn copies_past_the_broker_dedupe_window_are_applied_once() {
     let msgs: Vec<_> = (0..100)
         .map(|i| (format!("copy-{i}"), req(&format!("acct-{}", i % 7), 3)))
         .collect();
-    publish_credits(&js, &msgs).await;
+    publish_entries(&js, &msgs).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    publish_credits(&js, &msgs).await;
+    publish_entries(&js, &msgs).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    publish_credits(&js, &msgs).await;
+    publish_entries(&js, &msgs).await;
 
-    let requested = crate::helpers::stored_on(&js, service::credits::REQUESTED_SUBJECT).await;
+    let requested = crate::helpers::stored_on(&js, crate::support::domain::RECORD_SUBJECT).await;
     assert!(
         requested.len() > 100,
         "copies got past the dedupe window ({} stored)",
         requested.len()
     );
-    crate::helpers::wait_for_rows::<Credit>(&t.db, 100, Duration::from_secs(60)).await;
+    crate::helpers::wait_for_rows::<Entry>(&t.db, 100, Duration::from_secs(60)).await;
     drain(&t.db, &js, Duration::from_secs(60)).await;
-    assert_eq!(t.count(Credit).await, 100);
+    assert_eq!(t.count(Entry).await, 100);
     assert_eq!(t.count(DeadLetter).await, 0);
     assert_eq!(applied_events_once_each(&js).await, 100);
     for p in [&mut a, &mut b] {

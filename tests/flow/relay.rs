@@ -12,13 +12,13 @@ use tokio::sync::Notify;
 use service::{NewEvent, Outbox};
 use worker::{Relay, RelayConfig};
 
-use crate::helpers::{env, stored_on, with_credits_stream};
+use crate::helpers::{env, stored_on, with_ledger_stream};
 use crate::on_backends;
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb, wait_until};
 
-const SUBJECT: &str = "credits.applied";
+const SUBJECT: &str = "ledger.recorded";
 
 async fn enqueue_many(db: &DatabaseConnection, n: usize, prefix: &str) -> Vec<String> {
     let txn = db.begin().await.unwrap();
@@ -53,7 +53,7 @@ fn unique_count(events: &[(String, Vec<u8>)]) -> usize {
 /// recorded that; its replacement republishes after the lease, and JetStream's
 /// duplicate window drops every copy.
 async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(backend: Backend) {
-    let (t, nats, js) = with_credits_stream(backend).await;
+    let (t, nats, js) = with_ledger_stream(backend).await;
     enqueue_many(&t.db, 200, "crash").await;
     let lease = [("SEAWALL_RELAY_LEASE_MS", "1000")];
     let mut crashing = Seawall::spawn(
@@ -110,7 +110,7 @@ on_backends!(a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing
 /// out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_relays_rows_are_free_at_once_on_postgres() {
-    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     enqueue_many(&t.db, 50, "locked").await;
     let lease = ("SEAWALL_RELAY_LEASE_MS", "60000");
     let mut crashing = Seawall::spawn(
@@ -138,7 +138,7 @@ async fn a_dead_relays_rows_are_free_at_once_on_postgres() {
 /// by one relay, and when one is killed the others finish its rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_relays_share_the_outbox_and_survive_a_kill() {
-    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     // A plain subscriber sees every publish, including copies JetStream drops.
     let client = async_nats::connect(nats.url()).await.unwrap();
     let mut sub = client.subscribe(SUBJECT).await.unwrap();
@@ -207,7 +207,7 @@ async fn three_relays_share_the_outbox_and_survive_a_kill() {
 
 /// 200 events on 5 keys through 3 relays arrive in per-key commit order.
 async fn events_with_an_ordering_key_arrive_in_commit_order(backend: Backend) {
-    let (t, _nats, js) = with_credits_stream(backend).await;
+    let (t, _nats, js) = with_ledger_stream(backend).await;
     let relays: Vec<Relay> = (0..3)
         .map(|i| {
             let config = RelayConfig {
@@ -234,7 +234,7 @@ async fn events_with_an_ordering_key_arrive_in_commit_order(backend: Backend) {
     for n in 0..200 {
         let key = format!("key-{}", n % 5);
         let txn = t.db.begin().await.unwrap();
-        let event = NewEvent::new("credits.ordered", format!("{key}:{n}")).with_ordering_key(key);
+        let event = NewEvent::new("ledger.ordered", format!("{key}:{n}")).with_ordering_key(key);
         Outbox::enqueue(&txn, event).await.unwrap();
         txn.commit().await.unwrap();
     }
@@ -244,7 +244,7 @@ async fn events_with_an_ordering_key_arrive_in_commit_order(backend: Backend) {
         task.await.unwrap();
     }
     let mut last: HashMap<String, i64> = HashMap::new();
-    let events = stored_on(&js, "credits.ordered").await;
+    let events = stored_on(&js, "ledger.ordered").await;
     assert_eq!(events.len(), 200);
     for (_, payload) in events {
         let text = String::from_utf8(payload).unwrap();
@@ -261,7 +261,7 @@ on_backends!(events_with_an_ordering_key_arrive_in_commit_order: sqlite, postgre
 /// commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rows_committed_late_are_published_and_rolled_back_rows_never() {
-    let (t, _nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, _nats, js) = with_ledger_stream(Backend::Postgres).await;
     let wake = Arc::new(Notify::new());
     let relay = Relay::new(
         t.db.clone(),
@@ -328,7 +328,7 @@ async fn rows_committed_late_are_published_and_rolled_back_rows_never() {
 /// recorded with the error and a backoff, and the attempt limit marks it dead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_row_without_a_stream_is_retried_then_marked_dead() {
-    let (t, _nats, js) = with_credits_stream(Backend::Sqlite).await;
+    let (t, _nats, js) = with_ledger_stream(Backend::Sqlite).await;
     let txn = t.db.begin().await.unwrap();
     Outbox::enqueue(
         &txn,

@@ -13,12 +13,12 @@ use entity::outbox_message;
 use service::{EventError, NewEvent, Outbox, OutboxError};
 use worker::{Relay, RelayConfig};
 
-use crate::helpers::{env, stored_on, with_credits_stream};
+use crate::helpers::{env, stored_on, with_ledger_stream};
 use crate::on_backends;
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb, wait_until};
 
-const SUBJECT: &str = "credits.applied";
+const SUBJECT: &str = "ledger.recorded";
 
 /// Inserts a row directly, bypassing [`NewEvent::validate`].
 async fn insert_raw(
@@ -63,7 +63,7 @@ async fn row(db: &DatabaseConnection, message_id: &str) -> outbox_message::Model
 /// good rows around them are published, the poison ones end dead with the
 /// reason, and the relay process stays up.
 async fn rows_the_relay_cannot_encode_fail_alone_and_the_relay_stays_up(backend: Backend) {
-    let (t, nats, js) = with_credits_stream(backend).await;
+    let (t, nats, js) = with_ledger_stream(backend).await;
     insert_raw(&t.db, "good-1", SUBJECT, serde_json::json!({}), None).await;
     let poison = [
         ("space-name", serde_json::json!({"bad name": "v"}), None),
@@ -172,7 +172,7 @@ async fn an_event_with_a_bad_header_or_id_is_refused_at_enqueue() {
 /// 5, a head on an unroutable subject and 10 rows behind it, an unkeyed row
 /// and another key's row go out in the rounds right after the head's failure.
 async fn a_blocked_key_does_not_starve_other_rows(backend: Backend) {
-    let (t, _nats, js) = with_credits_stream(backend).await;
+    let (t, _nats, js) = with_ledger_stream(backend).await;
     let json = serde_json::json!({});
     insert_raw(&t.db, "head", "nowhere.to.go", json.clone(), Some("stuck")).await;
     for i in 0..10 {

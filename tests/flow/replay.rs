@@ -12,14 +12,15 @@ use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::domain::Entry;
+use crate::support::domain::{LEDGER_CONSUMER, LEDGER_STREAM, LedgerHandler, RECORD_SUBJECT};
 use entity::prelude::*;
 use entity::{dead_letter, inbox_message};
-use service::credits::{CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT};
 use service::inbox::handler;
 use service::{ConsumerName, Executor, HandlerError, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig};
 
-use crate::helpers::{credits_stream, publish_credits, req};
+use crate::helpers::{ledger_stream, publish_entries, req};
 use crate::support::nats::NatsServer;
 use crate::support::{Backend, TestDb, wait_until};
 
@@ -39,7 +40,7 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
     let t = TestDb::new(Backend::Sqlite).await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &credits_stream(Duration::from_millis(300)))
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_millis(300)))
         .await
         .unwrap();
     // `audit` refuses the message at first, so it dead-letters it; `credit`
@@ -52,7 +53,7 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
             let subject = env.subject.clone();
             Box::pin(async move {
                 assert_eq!(
-                    subject, REQUESTED_SUBJECT,
+                    subject, RECORD_SUBJECT,
                     "the handler sees the original subject"
                 );
                 if refused {
@@ -65,15 +66,11 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
     });
     let registry = Registry::new()
         .register(
-            ConsumerName::parse(CREDIT_CONSUMER).unwrap(),
-            REQUESTED_SUBJECT,
-            CreditHandler::default(),
+            ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
+            RECORD_SUBJECT,
+            LedgerHandler::default(),
         )
-        .register(
-            ConsumerName::parse("audit").unwrap(),
-            REQUESTED_SUBJECT,
-            audit,
-        );
+        .register(ConsumerName::parse("audit").unwrap(), RECORD_SUBJECT, audit);
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let cancel = CancellationToken::new();
     let mut replay_subjects = std::collections::HashMap::new();
@@ -83,7 +80,7 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
             inbox.clone(),
             js.clone(),
             registration.clone(),
-            ConsumerConfig::default(),
+            ConsumerConfig::new(crate::support::domain::LEDGER_STREAM),
         );
         consumer.ensure().await.unwrap();
         replay_subjects.insert(registration.consumer.to_string(), consumer.replay_subject());
@@ -93,19 +90,19 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
         ));
     }
 
-    publish_credits(&js, &[("r-1".to_owned(), req("acct", 5))]).await;
+    publish_entries(&js, &[("r-1".to_owned(), req("acct", 5))]).await;
     wait_until(
         "credit applied and audit dead-lettered",
         Duration::from_secs(30),
         || async {
-            Credit::find().count(&t.db).await.unwrap() == 1
+            Entry::find().count(&t.db).await.unwrap() == 1
                 && DeadLetter::find().count(&t.db).await.unwrap() == 1
         },
     )
     .await;
     // The credit consumer's marker is pruned, as retention eventually does.
     InboxMessage::delete_many()
-        .filter(inbox_message::Column::Consumer.eq(CREDIT_CONSUMER))
+        .filter(inbox_message::Column::Consumer.eq(LEDGER_CONSUMER))
         .exec(&t.db)
         .await
         .unwrap();
@@ -151,9 +148,9 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
         "every consumer settled",
         Duration::from_secs(30),
         || async {
-            let stream = js.get_stream(CREDITS_STREAM).await.unwrap();
+            let stream = js.get_stream(LEDGER_STREAM).await.unwrap();
             let mut settled = true;
-            for name in [CREDIT_CONSUMER, "audit"] {
+            for name in [LEDGER_CONSUMER, "audit"] {
                 let mut c: async_nats::jetstream::consumer::Consumer<
                     async_nats::jetstream::consumer::pull::Config,
                 > = stream.get_consumer(name).await.unwrap();
@@ -165,15 +162,11 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
     )
     .await;
     assert_eq!(
-        markers(&t.db, CREDIT_CONSUMER).await,
+        markers(&t.db, LEDGER_CONSUMER).await,
         0,
         "credit never saw the replay"
     );
-    assert_eq!(
-        Credit::find().count(&t.db).await.unwrap(),
-        1,
-        "applied once"
-    );
+    assert_eq!(Entry::find().count(&t.db).await.unwrap(), 1, "applied once");
     let letter = dead_letter::Entity::find_by_id(letter.id)
         .one(&t.db)
         .await

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use crate::support::domain::Entry;
 use entity::prelude::*;
 
-use crate::helpers::{env, publish_credits, req, with_credits_stream};
+use crate::helpers::{env, publish_entries, req, with_ledger_stream};
 use crate::support::process::Seawall;
 use crate::support::{Backend, wait_until};
 
@@ -13,20 +14,20 @@ use crate::support::{Backend, wait_until};
 /// acknowledged message is committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_finishes_and_acks_messages_in_flight() {
-    let (t, nats, js) = with_credits_stream(Backend::Postgres).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     let cfg = [
-        ("SEAWALL_DEMO_WORK_MS", "300"),
+        ("TESTBED_WORK_MS", "300"),
         ("SEAWALL_CONSUMER_CONCURRENCY", "4"),
     ];
     let mut consume = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &cfg));
     let msgs: Vec<_> = (0..40)
         .map(|i| (format!("inflight-{i}"), req(&format!("a{i}"), 1)))
         .collect();
-    publish_credits(&js, &msgs).await;
+    publish_entries(&js, &msgs).await;
     wait_until(
         "some messages to be committed",
         Duration::from_secs(30),
-        || async { t.count(Credit).await >= 4 },
+        || async { t.count(Entry).await >= 4 },
     )
     .await;
 
@@ -45,7 +46,7 @@ async fn sigterm_finishes_and_acks_messages_in_flight() {
     );
     let mut consumer = js
         .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
-            "credit", "CREDITS",
+            "ledger", "LEDGER",
         )
         .await
         .unwrap();

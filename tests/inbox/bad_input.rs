@@ -2,8 +2,9 @@
 
 use futures::future::BoxFuture;
 
+use crate::support::domain::{Balance, Entry};
+use crate::support::domain::{EntryRequest, LEDGER_CONSUMER, record};
 use entity::prelude::*;
-use service::credits::{CREDIT_CONSUMER, CreditRequest, apply_credit};
 use service::envelope::MAX_MESSAGE_ID_LEN;
 use service::inbox::handler;
 use service::{
@@ -11,7 +12,7 @@ use service::{
 };
 
 use crate::on_backends;
-use crate::support::{Backend, TestDb, credit_envelope};
+use crate::support::{Backend, TestDb, entry_envelope};
 
 #[test]
 fn empty_and_oversized_identifiers_are_rejected_with_a_reason() {
@@ -34,16 +35,16 @@ fn empty_and_oversized_identifiers_are_rejected_with_a_reason() {
 
 async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let panicking = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
-            let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            apply_credit(txn, &env.message_id, &req, None).await?;
+            let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
+            record(txn, &env.message_id, &req).await?;
             panic!("handler bug after the writes");
         })
     });
-    let env = credit_envelope("panics", "acct", 100, None);
+    let env = entry_envelope("panics", "acct", 100, None);
     let err = inbox
         .process(&env, &consumer, &panicking)
         .await
@@ -55,43 +56,48 @@ async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
     assert_eq!(err.message_id().as_str(), "panics");
     for n in [
         t.count(InboxMessage).await,
-        t.count(Credit).await,
-        t.count(Account).await,
+        t.count(Entry).await,
+        t.count(Balance).await,
         t.count(OutboxMessage).await,
     ] {
         assert_eq!(n, 0);
     }
     // The pool is still usable after the panic.
-    let ok = credit_envelope("after-panic", "acct", 100, None);
+    let ok = entry_envelope("after-panic", "acct", 100, None);
     inbox
-        .process(&ok, &consumer, &service::credits::CreditHandler::default())
+        .process(
+            &ok,
+            &consumer,
+            &crate::support::domain::LedgerHandler::default(),
+        )
         .await
         .unwrap();
-    assert_eq!(t.count(Credit).await, 1);
+    assert_eq!(t.count(Entry).await, 1);
 }
 on_backends!(a_panicking_handler_is_reported_and_leaves_no_rows: sqlite, postgres);
 
 async fn a_malformed_payload_is_rejected_without_rows(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let env = service::Envelope::new(
         MessageId::parse("bad-json").unwrap(),
-        "credits.requested",
+        "ledger.record",
         &b"{not json"[..],
     );
     let err = inbox
-        .process(&env, &consumer, &service::credits::CreditHandler::default())
+        .process(
+            &env,
+            &consumer,
+            &crate::support::domain::LedgerHandler::default(),
+        )
         .await
         .unwrap_err();
     assert!(
         matches!(err.kind(), InboxErrorKind::Rejected(_)) && err.is_permanent(),
         "{err}"
     );
-    assert!(
-        err.to_string().contains("malformed credit request"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("malformed entry"), "{err}");
     assert_eq!(t.count(InboxMessage).await, 0);
 }
 on_backends!(a_malformed_payload_is_rejected_without_rows: sqlite, postgres);

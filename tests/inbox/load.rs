@@ -6,12 +6,13 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 use sea_orm::EntityTrait;
 
+use crate::support::domain::{Balance, Entry};
+use crate::support::domain::{LEDGER_CONSUMER, LedgerHandler};
 use entity::prelude::*;
-use service::credits::{CREDIT_CONSUMER, CreditHandler};
 use service::{ConsumerName, Executor, Inbox, Outcome};
 
 use crate::on_backends;
-use crate::support::{Backend, TestDb, credit_envelope};
+use crate::support::{Backend, TestDb, entry_envelope};
 
 const MESSAGES: u64 = 2_000;
 const COPIES: u64 = 3;
@@ -25,7 +26,7 @@ fn amount(i: u64) -> i64 {
 async fn every_message_delivered_three_times_is_credited_once(backend: Backend) {
     let t = TestDb::new(backend).await;
     let inbox = Arc::new(Inbox::new(Executor::new(t.db.clone())));
-    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let mut deliveries: Vec<u64> = (0..MESSAGES)
         .flat_map(|i| std::iter::repeat_n(i, COPIES as usize))
         .collect();
@@ -40,14 +41,14 @@ async fn every_message_delivered_three_times_is_credited_once(backend: Backend) 
                 let Some(i) = queue.lock().await.pop() else {
                     break;
                 };
-                let env = credit_envelope(
+                let env = entry_envelope(
                     &format!("load-{i}"),
                     &format!("acct-{}", i % ACCOUNTS),
                     amount(i),
                     None,
                 );
                 match inbox
-                    .process(&env, &consumer, &CreditHandler::default())
+                    .process(&env, &consumer, &LedgerHandler::default())
                     .await
                     .unwrap()
                 {
@@ -66,7 +67,7 @@ async fn every_message_delivered_three_times_is_credited_once(backend: Backend) 
     }
     assert_eq!(processed, MESSAGES);
     assert_eq!(duplicates, MESSAGES * (COPIES - 1));
-    assert_eq!(t.count(Credit).await, MESSAGES);
+    assert_eq!(t.count(Entry).await, MESSAGES);
     assert_eq!(t.count(InboxMessage).await, MESSAGES);
     assert_eq!(t.count(OutboxMessage).await, MESSAGES);
     let mut expected: HashMap<String, i64> = HashMap::new();
@@ -75,7 +76,7 @@ async fn every_message_delivered_three_times_is_credited_once(backend: Backend) 
             .entry(format!("acct-{}", i % ACCOUNTS))
             .or_default() += amount(i);
     }
-    let actual: HashMap<String, i64> = Account::find()
+    let actual: HashMap<String, i64> = Balance::find()
         .all(&t.db)
         .await
         .unwrap()

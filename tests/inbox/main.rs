@@ -14,4 +14,3 @@ mod overlap;
 mod races;
 mod retry;
 mod rollback;
-mod sqlite_processes;

@@ -3,12 +3,13 @@
 
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
+use crate::support::domain::Entry;
+use crate::support::domain::{LEDGER_CONSUMER, LedgerHandler};
 use entity::prelude::*;
-use service::credits::{CREDIT_CONSUMER, CreditHandler};
 use service::inbox::record_marker;
 use service::{ConsumerName, Executor, Inbox, Outcome};
 
-use crate::support::{Backend, TestDb, credit_envelope, wait_until};
+use crate::support::{Backend, TestDb, entry_envelope, wait_until};
 
 async fn blocked_on_a_lock(t: &TestDb) -> bool {
     let row = t
@@ -23,10 +24,10 @@ async fn blocked_on_a_lock(t: &TestDb) -> bool {
     row.try_get::<i64>("", "n").unwrap() > 0
 }
 
-async fn overlap(commit_first: bool) -> Option<Outcome<service::credits::CreditApplied>> {
+async fn overlap(commit_first: bool) -> Option<Outcome<crate::support::domain::Recorded>> {
     let t = TestDb::new(Backend::Postgres).await;
-    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
-    let env = credit_envelope("overlap-1", "acct", 100, None);
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
+    let env = entry_envelope("overlap-1", "acct", 100, None);
     let a = t.second_pool().await;
     let txn = a.begin().await.unwrap();
     record_marker(&txn, &env, &consumer).await.unwrap();
@@ -35,7 +36,7 @@ async fn overlap(commit_first: bool) -> Option<Outcome<service::credits::CreditA
         Inbox::new(Executor::new(t.second_pool().await)).with_fast_path(service::FastPath::Never);
     let (env_b, consumer_b) = (env.clone(), consumer.clone());
     let task = tokio::spawn(async move {
-        b.process(&env_b, &consumer_b, &CreditHandler::default())
+        b.process(&env_b, &consumer_b, &LedgerHandler::default())
             .await
     });
     wait_until(
@@ -56,7 +57,7 @@ async fn overlap(commit_first: bool) -> Option<Outcome<service::credits::CreditA
     }
     let outcome = task.await.unwrap().unwrap();
     assert_eq!(t.count(InboxMessage).await, 1);
-    assert_eq!(t.count(Credit).await, u64::from(!commit_first));
+    assert_eq!(t.count(Entry).await, u64::from(!commit_first));
     Some(outcome)
 }
 

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use futures::future::BoxFuture;
 use sea_orm::{EntityTrait, IsolationLevel, SqliteTransactionMode};
 
-use entity::prelude::*;
-use service::credits::add_to_balance;
+use crate::support::domain::add;
+use crate::support::domain::{Balance, Entry};
 use service::executor::unit;
 use service::{Executor, HandlerError, RetryPolicy};
 
@@ -21,7 +21,7 @@ use crate::support::{Backend, TestDb};
 /// transaction whose snapshot went stale. Both are real engine errors.
 async fn a_transient_error_reruns_the_whole_unit_once_more(backend: Backend) {
     let t = TestDb::new(backend).await;
-    add_to_balance(&t.db, "hot", 0).await.unwrap();
+    add(&t.db, "hot", 0).await.unwrap();
     let other = t.second_pool().await;
     let executor = Executor::new(t.db.clone())
         .with_isolation(IsolationLevel::RepeatableRead)
@@ -36,11 +36,11 @@ async fn a_transient_error_reruns_the_whole_unit_once_more(backend: Backend) {
         let (counter, other) = (counter.clone(), other.clone());
         Box::pin(async move {
             let attempt = counter.fetch_add(1, Ordering::SeqCst) + 1;
-            Account::find_by_id("hot".to_owned()).one(txn).await?;
+            Balance::find_by_id("hot".to_owned()).one(txn).await?;
             if attempt == 1 {
-                add_to_balance(&other, "hot", 1).await?;
+                add(&other, "hot", 1).await?;
             }
-            Ok(add_to_balance(txn, "hot", 100).await?)
+            Ok(add(txn, "hot", 100).await?)
         })
     });
     let balance = executor.run(&work).await.unwrap();
@@ -66,7 +66,7 @@ async fn a_permanent_error_is_not_retried(backend: Backend) {
         Box::pin(async move {
             counter.fetch_add(1, Ordering::SeqCst);
             for _ in 0..2 {
-                add_to_balance(txn, "a", 1).await?;
+                add(txn, "a", 1).await?;
                 sea_orm::ConnectionTrait::execute_unprepared(
                     txn,
                     "INSERT INTO credit (message_id, account_id, amount, reference, created_at) VALUES ('m', 'a', 1, 'dup', '2026-01-01T00:00:00+00:00')",
@@ -79,6 +79,6 @@ async fn a_permanent_error_is_not_retried(backend: Backend) {
     let err = Executor::new(t.db.clone()).run(&work).await.unwrap_err();
     assert!(matches!(err, HandlerError::Database(_)));
     assert_eq!(attempts.load(Ordering::SeqCst), 1);
-    assert_eq!(t.count(Credit).await, 0);
+    assert_eq!(t.count(Entry).await, 0);
 }
 on_backends!(a_permanent_error_is_not_retried: sqlite, postgres);

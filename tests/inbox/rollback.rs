@@ -4,28 +4,30 @@ use futures::future::BoxFuture;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
+use crate::support::domain::{Balance, Entry};
+use crate::support::domain::{
+    EntryRequest, LEDGER_CONSUMER, LedgerHandler, balance, entry, record,
+};
 use entity::prelude::*;
-use entity::{account, credit};
-use service::credits::{CREDIT_CONSUMER, CreditHandler, CreditRequest, apply_credit};
 use service::executor::unit;
 use service::inbox::{handler, record_marker};
 use service::{ConsumerName, Executor, HandlerError, Inbox, InboxErrorKind, Outcome};
 
 use crate::on_backends;
-use crate::support::{Backend, TestDb, credit_envelope};
+use crate::support::{Backend, TestDb, entry_envelope};
 
 /// A failing business write rolls the marker back.
 async fn a_failing_business_write_rolls_the_marker_back(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     // The second credit insert reuses the reference of the first: the business
     // write fails after the marker, the credit and the outbox row were written.
     let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
-            let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            apply_credit(txn, &env.message_id, &req, None).await?;
-            credit::Entity::insert(credit::ActiveModel {
+            let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
+            record(txn, &env.message_id, &req).await?;
+            entry::Entity::insert(entry::ActiveModel {
                 id: sea_orm::NotSet,
                 message_id: sea_orm::Set(env.message_id.to_string()),
                 account_id: sea_orm::Set(req.account_id.clone()),
@@ -38,15 +40,15 @@ async fn a_failing_business_write_rolls_the_marker_back(backend: Backend) {
             Ok(())
         })
     });
-    let env = credit_envelope("rollback-1", "acct", 100, Some("ref-1"));
+    let env = entry_envelope("rollback-1", "acct", 100, Some("ref-1"));
     let err = inbox.process(&env, &consumer, &failing).await.unwrap_err();
     assert!(
         matches!(err.kind(), InboxErrorKind::Constraint { .. }),
         "{err}"
     );
     assert_eq!(t.count(InboxMessage).await, 0);
-    assert_eq!(t.count(Credit).await, 0);
-    assert_eq!(t.count(Account).await, 0);
+    assert_eq!(t.count(Entry).await, 0);
+    assert_eq!(t.count(Balance).await, 0);
     assert_eq!(t.count(OutboxMessage).await, 0);
 }
 on_backends!(a_failing_business_write_rolls_the_marker_back: sqlite, postgres, mysql);
@@ -54,27 +56,27 @@ on_backends!(a_failing_business_write_rolls_the_marker_back: sqlite, postgres, m
 /// A bulk update made before the marker is rejected rolls back with it.
 async fn a_bulk_update_is_rolled_back_when_the_marker_is_rejected(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     for (i, acct) in ["a", "b", "c"].iter().enumerate() {
-        let env = credit_envelope(&format!("bulk-{i}"), acct, 100, None);
+        let env = entry_envelope(&format!("bulk-{i}"), acct, 100, None);
         inbox
-            .process(&env, &consumer, &CreditHandler::default())
+            .process(&env, &consumer, &LedgerHandler::default())
             .await
             .unwrap();
     }
     // The redelivered copy of bulk-0: a unit bumps every balance with one
     // update_many, then records the marker, which the index rejects.
-    let redelivered = credit_envelope("bulk-0", "a", 100, None);
+    let redelivered = entry_envelope("bulk-0", "a", 100, None);
     let bump = unit(move |txn| -> BoxFuture<'_, Result<(), HandlerError>> {
         let (env, consumer) = (redelivered.clone(), consumer.clone());
         Box::pin(async move {
-            let updated = account::Entity::update_many()
+            let updated = balance::Entity::update_many()
                 .col_expr(
-                    account::Column::Balance,
-                    Expr::col(account::Column::Balance).add(1_000),
+                    balance::Column::Balance,
+                    Expr::col(balance::Column::Balance).add(1_000),
                 )
-                .filter(account::Column::Balance.gt(0))
+                .filter(balance::Column::Balance.gt(0))
                 .exec(txn)
                 .await?;
             assert_eq!(updated.rows_affected, 3);
@@ -90,7 +92,7 @@ async fn a_bulk_update_is_rolled_back_when_the_marker_is_rejected(backend: Backe
         service::classify::classify(&db_err),
         service::classify::Failure::InboxDuplicate
     );
-    let balances: Vec<i64> = Account::find()
+    let balances: Vec<i64> = Balance::find()
         .all(&t.db)
         .await
         .unwrap()
@@ -109,13 +111,13 @@ on_backends!(a_bulk_update_is_rolled_back_when_the_marker_is_rejected: sqlite, p
 /// nothing of the failed attempt leaks into it.
 async fn a_retry_after_a_failed_unit_starts_from_a_clean_transaction(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let consumer = ConsumerName::parse(CREDIT_CONSUMER).unwrap();
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
-    let env = credit_envelope("retry-1", "acct", 100, Some("first-attempt"));
+    let env = entry_envelope("retry-1", "acct", 100, Some("first-attempt"));
     let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
-            let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            apply_credit(txn, &env.message_id, &req, None).await?;
+            let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
+            record(txn, &env.message_id, &req).await?;
             Err(HandlerError::Failed("downstream refused".into()))
         })
     });
@@ -124,17 +126,17 @@ async fn a_retry_after_a_failed_unit_starts_from_a_clean_transaction(backend: Ba
     // The redelivery succeeds. Had the first attempt's writes leaked, the
     // reference would collide and the balance would be 200.
     let outcome = inbox
-        .process(&env, &consumer, &CreditHandler::default())
+        .process(&env, &consumer, &LedgerHandler::default())
         .await
         .unwrap();
     let Outcome::Processed(applied) = outcome else {
         panic!("expected Processed")
     };
     assert_eq!(applied.balance, 100);
-    assert_eq!(t.count(Credit).await, 1);
+    assert_eq!(t.count(Entry).await, 1);
     assert_eq!(t.count(OutboxMessage).await, 1);
-    let credits = Credit::find()
-        .filter(credit::Column::Reference.eq("first-attempt"))
+    let credits = Entry::find()
+        .filter(entry::Column::Reference.eq("first-attempt"))
         .all(&t.db)
         .await
         .unwrap();
@@ -152,7 +154,7 @@ async fn a_batch_of_events_commits_in_order_or_not_at_all(backend: Backend) {
     let events = |prefix: &str| {
         (0..n)
             .map(|i| {
-                NewEvent::new("credits.applied", i.to_string())
+                NewEvent::new("ledger.recorded", i.to_string())
                     .with_message_id(format!("{prefix}-{i}"))
             })
             .collect::<Vec<_>>()

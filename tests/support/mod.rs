@@ -12,8 +12,6 @@ use migration::{Migrator, MigratorTrait};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait, Statement,
 };
-use service::credits::{CreditRequest, REQUESTED_SUBJECT};
-use service::{Envelope, MessageId};
 
 /// The backends the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,10 +38,14 @@ fn server_url(var: &str) -> String {
 }
 
 impl TestDb {
-    /// Creates an empty database on `backend` and applies the migrations.
+    /// Creates an empty database on `backend`, applies the migrations and
+    /// creates the test domain's tables.
     pub async fn new(backend: Backend) -> Self {
         let t = Self::empty(backend).await;
         Migrator::up(&t.db, None).await.expect("migrations apply");
+        domain::create_tables(&t.db)
+            .await
+            .expect("the test domain's tables");
         t
     }
 
@@ -110,19 +112,9 @@ async fn create_database(admin_url: &str, backend: DbBackend, name: &str) {
     admin.close().await.ok();
 }
 
-/// A `credits.requested` envelope.
-pub fn credit_envelope(id: &str, account: &str, amount: i64, reference: Option<&str>) -> Envelope {
-    let req = CreditRequest {
-        account_id: account.into(),
-        amount,
-        reference: reference.map(Into::into),
-    };
-    Envelope::new(
-        MessageId::parse(id).expect("valid id"),
-        REQUESTED_SUBJECT,
-        serde_json::to_vec(&req).expect("json"),
-    )
-}
+// Not every test binary sends entries.
+#[allow(unused_imports)]
+pub use domain::entry_envelope;
 
 /// An HTTP client. seawall's reqwest uses rustls without a built-in crypto
 /// provider (the binary installs ring, which the tree already has); tests
@@ -172,6 +164,7 @@ pub fn backend_named(name: &str) -> Backend {
     }
 }
 
+pub mod domain;
 pub mod nats;
 pub mod process;
 pub mod proxy;

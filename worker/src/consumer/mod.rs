@@ -74,10 +74,12 @@ pub struct ConsumerConfig {
     pub fault: Option<crate::FaultPoint>,
 }
 
-impl Default for ConsumerConfig {
-    fn default() -> Self {
+impl ConsumerConfig {
+    /// The defaults for a consumer reading `stream`: a 30 s ack wait, five
+    /// deliveries, 16 messages in flight.
+    pub fn new(stream: impl Into<String>) -> Self {
         Self {
-            stream: service::credits::CREDITS_STREAM.into(),
+            stream: stream.into(),
             ack_wait: Duration::from_secs(30),
             max_deliver: 5,
             concurrency: 16,

@@ -16,7 +16,7 @@ use sea_orm::{
 };
 use serde::{Deserialize, Serialize};
 
-use entity::{account, credit};
+use entity::demo::{account, credit};
 
 use crate::envelope::{Envelope, MessageId};
 use crate::error::HandlerError;

@@ -1,0 +1,80 @@
+//! The platform's long-running roles on the test-only ledger domain of
+//! `tests/support/domain.rs`: `testbed run|relay|consume|api`, configured
+//! like `seawall` (`SEAWALL_*`), plus two knobs of the domain's own:
+//! `TESTBED_WORK_MS` (a slow handler) and `TESTBED_WEBHOOK_URL` (the `hook`
+//! consumer, a two-phase claim that POSTs each recorded entry).
+//!
+//! The black-box tests (kill -9, SIGSTOP, outages) run this rather than
+//! `seawall`, whose domain is the demo a fork replaces; it is also the
+//! smallest example of a service assembled from seawall's parts.
+
+#[path = "../tests/support/domain.rs"]
+#[allow(dead_code)]
+mod domain;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use seawall::webhook::Webhook;
+use seawall::{Domain, Roles, Settings};
+use service::{ConsumerName, Registry};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    seawall::app::init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let roles = match std::env::args().nth(1).as_deref() {
+        Some("run") => Roles::ALL,
+        Some("relay") => Roles::RELAY,
+        Some("consume") => Roles::CONSUME,
+        Some("api") => Roles::API,
+        other => bail!("usage: testbed run|relay|consume|api (got {other:?})"),
+    };
+    let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
+    let settings = seawall::config::load(config.as_deref())?.settings;
+    let db = service::db::connect(&settings.database_url, 2)
+        .await
+        .context("connecting to the database")?;
+    domain::create_tables(&db)
+        .await
+        .context("creating the ledger's tables")?;
+    db.close().await.ok();
+    let domain = ledger(&settings)?;
+    seawall::app::serve(&settings, roles, domain).await
+}
+
+/// The ledger's stream and consumers.
+fn ledger(settings: &Settings) -> Result<Domain> {
+    let work = match std::env::var("TESTBED_WORK_MS") {
+        Ok(ms) => Duration::from_millis(ms.parse().context("TESTBED_WORK_MS")?),
+        Err(_) => Duration::ZERO,
+    };
+    let mut registry = Registry::new().register(
+        ConsumerName::parse(domain::LEDGER_CONSUMER)?,
+        domain::RECORD_SUBJECT,
+        domain::LedgerHandler { work },
+    );
+    if let Ok(url) = std::env::var("TESTBED_WEBHOOK_URL") {
+        registry = registry.register_effect(
+            ConsumerName::parse(domain::HOOK_CONSUMER)?,
+            domain::RECORDED_SUBJECT,
+            Webhook::new(url, settings.webhook_ca_file.as_deref())?,
+            settings.claim_policy(),
+        );
+    }
+    Ok(Domain {
+        stream: settings.stream(domain::LEDGER_STREAM, &["ledger.>"]),
+        registry,
+    })
+}
