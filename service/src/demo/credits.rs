@@ -233,6 +233,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -250,6 +252,31 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+    /// Arbitrary payloads never panic the credit parser; what it accepts is valid.
+        #[test]
+        fn credit_payloads_from_arbitrary_bytes_never_panic(payload in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok(req) = CreditRequest::parse(&payload) {
+                prop_assert!(req.amount > 0);
+                prop_assert!(!req.account_id.trim().is_empty());
+            }
+        }
+
+        /// JSON-shaped payloads too (closer to what a producer sends).
+        #[test]
+        fn credit_payloads_shaped_like_json_never_panic(account in ".{0,300}", amount in any::<i64>(), extra in ".{0,20}") {
+            // Digits right after the amount would only make it another number.
+            prop_assume!(!extra.starts_with(|c: char| c.is_ascii_digit()));
+            let payload = format!("{{\"account_id\":{},\"amount\":{amount}{extra}}}", serde_json::to_string(&account).unwrap_or_default());
+            if let Ok(req) = CreditRequest::parse(payload.as_bytes()) {
+                prop_assert_eq!(req.amount, amount);
+                prop_assert!(amount > 0);
+            }
         }
     }
 }
