@@ -1,8 +1,6 @@
 //! The `seawall` command: parses the command line and dispatches to the
 //! library crates. Errors end here, printed with their cause chain.
 
-mod bench;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -48,8 +46,6 @@ enum Command {
     Publish(publish::PublishArgs),
     /// Print counts by table and state, relay lag and throughput as JSON.
     Stats,
-    /// Benchmarks against real servers; see BENCHMARKS.md.
-    Bench(bench::BenchArgs),
     /// Delete processed inbox markers and published outbox rows past their
     /// retention, in batches; prints the counts as JSON.
     Prune {
@@ -78,7 +74,7 @@ async fn run() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    // reqwest (webhooks, the API bench) uses rustls without a provider of its
+    // reqwest (webhooks) uses rustls without a provider of its
     // own; ring is the one sqlx and async-nats already build.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
@@ -149,7 +145,6 @@ async fn run() -> Result<()> {
                 serde_json::json!({ verb: report, "inbox_retention_ms": retention.inbox.as_millis() as u64, "outbox_retention_ms": retention.outbox.as_millis() as u64 })
             );
         }
-        Command::Bench(args) => bench::run(args).await?,
         Command::Stats => {
             let db = connect(&settings.database_url, 1).await?;
             let stats = service::stats::stats(&db, chrono::Utc::now())
