@@ -56,6 +56,9 @@ def main(paths):
     for path in paths:
         with open(path) as f:
             report = json.load(f)
+        if "columns" not in report:
+            sys.exit(f"{path}: figures as display strings, from before seawall-bench; "
+                     "run scripts/bench to measure again")
         reports[report["scenario"]] = report
 
     print("# seawall benchmarks\n")
