@@ -3,7 +3,7 @@
 //! named cause; [`Application::run_until`] runs the loops (outbox relay,
 //! consumers, claim sweeper, pruner, admin API) until a token is cancelled or
 //! one of them fails, then stops the others cleanly. The binary, the
-//! benchmarks and the tests all start a process this way.
+//! benchmarks (`seawall-bench`) and the tests all start a process this way.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! The seawall process, shared by the `seawall` binary, the benchmarks and
-//! the tests, so that all three start exactly the same thing.
+//! The seawall process, shared by the `seawall` binary, the benchmarks
+//! (`seawall-bench`, in `bench/`) and the tests, so that all three start
+//! exactly the same thing.
 //!
 //! # Contents
 //! - [`config`]: the [`Settings`] (defaults, TOML file, `SEAWALL_*`

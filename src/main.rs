@@ -1,8 +1,6 @@
 //! The `seawall` command: parses the command line and dispatches to the
 //! library crates. Errors end here, printed with their cause chain.
 
-mod bench;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -48,8 +46,6 @@ enum Command {
     Publish(publish::PublishArgs),
     /// Print counts by table and state, relay lag and throughput as JSON.
     Stats,
-    /// Benchmarks against real servers; see BENCHMARKS.md.
-    Bench(bench::BenchArgs),
     /// Delete processed inbox markers and published outbox rows past their
     /// retention, in batches; prints the counts as JSON.
     Prune {
@@ -114,7 +110,6 @@ async fn run() -> Result<()> {
                 serde_json::json!({ verb: report, "inbox_retention_ms": retention.inbox.as_millis() as u64, "outbox_retention_ms": retention.outbox.as_millis() as u64 })
             );
         }
-        Command::Bench(args) => bench::run(args).await?,
         Command::Stats => {
             let db = connect(&settings.database_url, 1).await?;
             let stats = service::stats::stats(&db, chrono::Utc::now())

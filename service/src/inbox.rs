@@ -72,7 +72,7 @@ where
 
 /// When [`Inbox::process`] looks for an existing marker before opening the
 /// unit's transaction. The look-up only saves work for duplicates and costs a
-/// round trip for everything else (`seawall bench inbox`: at 16 workers on
+/// round trip for everything else (`seawall-bench inbox`: at 16 workers on
 /// PostgreSQL it takes 15-20% of the throughput, and still loses with 30%
 /// duplicates), so by default it runs only where duplicates are likely.
 /// Correctness never depends on it: the unique index decides.

@@ -13,29 +13,27 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use migration::MigratorTrait;
 use sea_orm::{ConnectionTrait, DatabaseConnection};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use seawall::{Application, Roles, Settings, demo};
 use service::demo::credits::{APPLIED_SUBJECT, CREDITS_STREAM, CreditRequest, REQUESTED_SUBJECT};
 
-use super::cpu::{self, CpuSample};
-use super::report::Report;
+use crate::cpu::CpuSample;
+use crate::pg::{self, PgServer};
+use crate::report::{Column, Figures, Report};
 
 /// Messages sent through before measuring (then `ANALYZE` on PostgreSQL).
 const WARM_UP: u64 = 2_000;
 
-/// Sends `messages` requests with ids `{run}-{i}` through a fresh CREDITS
-/// stream; returns messages per second.
-async fn measure(
+/// Starts the same process `seawall run` starts, without the API, on `db`
+/// with a fresh CREDITS stream; returns what stops it and its task.
+async fn start(
     db: DatabaseConnection,
     nats_url: &str,
     js: &jetstream::Context,
-    client: &async_nats::Client,
-    messages: u64,
-    run: &str,
-) -> Result<f64> {
+) -> Result<(CancellationToken, JoinHandle<Result<()>>)> {
     let _ = js.delete_stream(CREDITS_STREAM).await;
-    // The same process `seawall run` starts, without the API.
     let settings = Settings {
         nats_url: nats_url.to_owned(),
         consumer_concurrency: 32,
@@ -49,14 +47,12 @@ async fn measure(
     let app = Application::build(&settings, roles, demo::domain(&settings)?, db, None).await?;
     let stop = CancellationToken::new();
     let running = tokio::spawn(app.run_until(stop.clone()));
-    let mut applied = client.subscribe(APPLIED_SUBJECT).await?;
-    client.flush().await?;
-    let payload = serde_json::to_vec(&CreditRequest {
-        account_id: "bench".into(),
-        amount: 1,
-        reference: None,
-    })?;
-    let started = Instant::now();
+    Ok((stop, running))
+}
+
+/// Publishes `messages` credit requests with ids `{run}-{i}`, pipelined, and
+/// waits for every PubAck.
+async fn publish(js: &jetstream::Context, messages: u64, run: &str) -> Result<()> {
     let mut acks = FuturesUnordered::new();
     for i in 0..messages {
         // Accounts spread over 500 ids so handlers do not all contend on one row.
@@ -64,8 +60,7 @@ async fn measure(
             account_id: format!("bench-{}", i % 500),
             amount: 1,
             reference: None,
-        })
-        .unwrap_or_else(|_| payload.clone());
+        })?;
         let msg = PublishMessage::build()
             .payload(payload.into())
             .message_id(format!("{run}-{i}"));
@@ -81,6 +76,24 @@ async fn measure(
     while let Some(ack) = acks.next().await {
         ack?;
     }
+    Ok(())
+}
+
+/// Sends `messages` requests with ids `{run}-{i}` through a fresh CREDITS
+/// stream; returns messages per second.
+async fn measure(
+    db: DatabaseConnection,
+    nats_url: &str,
+    js: &jetstream::Context,
+    client: &async_nats::Client,
+    messages: u64,
+    run: &str,
+) -> Result<f64> {
+    let (stop, running) = start(db, nats_url, js).await?;
+    let mut applied = client.subscribe(APPLIED_SUBJECT).await?;
+    client.flush().await?;
+    let started = Instant::now();
+    publish(js, messages, run).await?;
     let mut received = 0;
     while received < messages {
         tokio::time::timeout(Duration::from_secs(60), applied.next())
@@ -95,20 +108,46 @@ async fn measure(
     Ok(rate)
 }
 
-/// Runs the scenario on SQLite and PostgreSQL.
-pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
-    let mut report = Report::new("e2e");
-    let client = seawall::nats::connect(nats_url).await?;
+/// A report with this scenario's columns and setup.
+fn report(messages: u64) -> Report {
+    let mut report = Report::new(
+        "e2e",
+        vec![
+            Column::figure("messages/s end to end", "messages_per_s", 0),
+            Column::breakdown(
+                "CPU ms/1k msgs (seawall+PG+NATS)",
+                &[
+                    "cpu_ms_per_1k_total",
+                    "cpu_ms_per_1k_seawall",
+                    "cpu_ms_per_1k_postgres",
+                    "cpu_ms_per_1k_nats",
+                ],
+                0,
+            ),
+        ],
+    );
+    report.setup("messages", format!("{messages} credits.requested published pipelined; timed until the subscriber saw every credits.applied"));
+    report.setup(
+        "process",
+        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`",
+    );
+    report.setup(
+        "warm-up",
+        format!("{WARM_UP} messages through the same path first, then ANALYZE (PostgreSQL)"),
+    );
+    report.setup(
+        "CPU",
+        "user+system time of this process, all postgres and all nats-server processes, per 1,000 messages",
+    );
     report
-        .versions
-        .push(("nats-server".into(), client.server_info().version.clone()));
+}
+
+/// Runs the scenario on SQLite and PostgreSQL.
+pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Report> {
+    let mut report = report(messages);
+    let client = seawall::nats::connect(nats_url).await?;
+    report.version("nats-server", client.server_info().version.clone());
     let js = jetstream::new(client.clone());
-    report.setup.push(("messages".into(), format!("{messages} credits.requested published pipelined; timed until the subscriber saw every credits.applied")));
-    report.setup.push((
-        "process".into(),
-        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`"
-            .into(),
-    ));
     let dir = tempfile::tempdir()?;
     let sqlite = service::db::connect(
         &format!("sqlite://{}?mode=rwc", dir.path().join("e2e.db").display()),
@@ -116,18 +155,8 @@ pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
     )
     .await?;
     migration::Migrator::up(&sqlite, None).await?;
-    let (pg_db, _) = super::fresh_pg(pg, "e2e").await?;
-    report
-        .versions
-        .push(("PostgreSQL".into(), super::pg_version(&pg_db).await?));
-    report.setup.push((
-        "warm-up".into(),
-        format!("{WARM_UP} messages through the same path first, then ANALYZE (PostgreSQL)"),
-    ));
-    report.setup.push((
-        "CPU".into(),
-        "user+system time of this process, all postgres and all nats-server processes, per 1,000 messages".into(),
-    ));
+    let (pg_db, _) = pg.fresh("e2e").await?;
+    report.version("PostgreSQL", pg::version(&pg_db).await?);
     for (label, db) in [("SQLite", sqlite), ("PostgreSQL", pg_db)] {
         let warm = WARM_UP.min(messages);
         measure(db.clone(), nats_url, &js, &client, warm, "e2e-warm").await?;
@@ -136,17 +165,16 @@ pub async fn run(pg: &str, nats_url: &str, messages: u64) -> Result<Report> {
         }
         let before = CpuSample::now();
         let rate = measure(db, nats_url, &js, &client, messages, "e2e").await?;
-        let [this, pg, nats, total] = CpuSample::now().since(&before).per_thousand(messages);
+        let cpu = CpuSample::now().since(&before).per_thousand(messages);
         eprintln!("  {label}: {rate:.0} messages/s");
         report.row(
             label,
-            vec![
-                ("messages/s end to end", format!("{rate:.0}")),
-                (
-                    "CPU ms/1k msgs (seawall+PG+NATS)",
-                    cpu::breakdown(total, &[this, pg, nats], 0),
-                ),
-            ],
+            Figures::new()
+                .with("messages_per_s", rate)
+                .with("cpu_ms_per_1k_total", cpu.total())
+                .with("cpu_ms_per_1k_seawall", cpu.this)
+                .with("cpu_ms_per_1k_postgres", cpu.postgres)
+                .with("cpu_ms_per_1k_nats", cpu.nats),
         );
     }
     Ok(report)

@@ -65,19 +65,34 @@ impl CpuSample {
         }
     }
 
-    /// Milliseconds of CPU per 1,000 messages, by party, and in total.
-    pub fn per_thousand(&self, messages: u64) -> [f64; 4] {
+    /// Milliseconds of CPU per 1,000 of `messages`, by party.
+    pub fn per_thousand(&self, messages: u64) -> PerThousand {
         let per = |d: Duration| d.as_secs_f64() * 1e6 / messages.max(1) as f64;
-        let parts = [per(self.this), per(self.postgres), per(self.nats)];
-        [parts[0], parts[1], parts[2], parts.iter().sum()]
+        PerThousand {
+            this: per(self.this),
+            postgres: per(self.postgres),
+            nats: per(self.nats),
+        }
     }
 }
 
-/// "total (part+part+…)" with `decimals` digits, as the report tables show
-/// CPU per 1,000 messages and its split between processes.
-pub fn breakdown(total: f64, parts: &[f64], decimals: usize) -> String {
-    let parts: Vec<String> = parts.iter().map(|p| format!("{p:.decimals$}")).collect();
-    format!("{total:.decimals$} ({})", parts.join("+"))
+/// Milliseconds of CPU per 1,000 messages, by party: the unit the reports
+/// use, since a ceiling is cores / CPU per message.
+#[derive(Debug, Clone, Copy)]
+pub struct PerThousand {
+    /// This process.
+    pub this: f64,
+    /// All `postgres` processes.
+    pub postgres: f64,
+    /// All `nats-server` processes.
+    pub nats: f64,
+}
+
+impl PerThousand {
+    /// All three parties together.
+    pub fn total(&self) -> f64 {
+        self.this + self.postgres + self.nats
+    }
 }
 
 /// The command name and user + system CPU time from a `/proc/<pid>/stat` line.
@@ -105,15 +120,6 @@ mod tests {
         let (comm, time) = parse_stat(line).expect("parsed");
         assert_eq!(comm, "nats server");
         assert_eq!(time, Duration::from_millis(3000));
-    }
-
-    #[test]
-    fn a_breakdown_lists_the_parts_after_the_total() {
-        assert_eq!(
-            breakdown(45.44, &[9.3, 26.5, 9.64], 1),
-            "45.4 (9.3+26.5+9.6)"
-        );
-        assert_eq!(breakdown(619.4, &[197.0, 422.4], 0), "619 (197+422)");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! 1,000 events/s and for bursts, with wake-up notifications and with polling
 //! only, on SQLite and PostgreSQL.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,7 +18,8 @@ use service::executor::unit;
 use service::{Executor, HandlerError, NewEvent, Outbox};
 use worker::{Relay, RelayConfig, StreamSpec};
 
-use super::report::{Report, quantile};
+use crate::pg::{self, PgServer};
+use crate::report::{Column, Figures, Report, quantile};
 
 /// Poll interval of the polling-only runs.
 const POLL: Duration = Duration::from_millis(50);
@@ -58,17 +60,10 @@ impl Run {
     }
 }
 
-async fn measure(
-    db: DatabaseConnection,
-    js: &async_nats::jetstream::Context,
-    client: &async_nats::Client,
-    notify: bool,
-    steady_secs: u64,
-    bursts: usize,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+/// A fresh stream for one measurement; returns the subject events go to.
+async fn stream(js: &async_nats::jetstream::Context) -> Result<String> {
     let id = uuid::Uuid::now_v7().simple().to_string();
     let id = &id[id.len() - 10..];
-    let subject = format!("lat.{id}.e");
     worker::ensure_stream(
         js,
         &StreamSpec {
@@ -80,6 +75,17 @@ async fn measure(
         },
     )
     .await?;
+    Ok(format!("lat.{id}.e"))
+}
+
+/// Starts a relay on `db` that wakes on commits (`notify`) or only polls;
+/// returns the executor whose commits it hears and the relay's task.
+fn start_relay(
+    db: &DatabaseConnection,
+    js: &async_nats::jetstream::Context,
+    notify: bool,
+    cancel: CancellationToken,
+) -> (Executor, tokio::task::JoinHandle<()>) {
     let wake = Arc::new(Notify::new());
     let executor = Executor::new(db.clone());
     let executor = if notify {
@@ -97,16 +103,20 @@ async fn measure(
         },
         wake,
     );
-    let cancel = CancellationToken::new();
-    let relay_task = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move { relay.run(cancel).await })
-    };
-    let latencies = Arc::new(Mutex::new(Vec::new()));
-    let mut sub = client.subscribe(subject.clone()).await?;
+    let task = tokio::spawn(async move { relay.run(cancel).await });
+    (executor, task)
+}
+
+/// Collects the delay (ms) of every event on `subject` into `sink`: the
+/// payload is the commit-time stamp in microseconds.
+async fn receive(
+    client: &async_nats::Client,
+    subject: &str,
+    sink: Arc<Mutex<Vec<f64>>>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let mut sub = client.subscribe(subject.to_owned()).await?;
     client.flush().await?;
-    let sink = latencies.clone();
-    let receiver = tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
             let sent: u64 = std::str::from_utf8(&msg.payload)
                 .ok()
@@ -116,7 +126,24 @@ async fn measure(
                 .await
                 .push(micros_now().saturating_sub(sent) as f64 / 1000.0);
         }
-    });
+    }))
+}
+
+/// Delays (ms) of a steady `steady_secs` at 1,000 events/s, then of
+/// `bursts` bursts of 500, with a relay that wakes on commits or polls.
+async fn measure(
+    db: DatabaseConnection,
+    js: &async_nats::jetstream::Context,
+    client: &async_nats::Client,
+    notify: bool,
+    steady_secs: u64,
+    bursts: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let subject = stream(js).await?;
+    let cancel = CancellationToken::new();
+    let (executor, relay_task) = start_relay(&db, js, notify, cancel.clone());
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let receiver = receive(client, &subject, latencies.clone()).await?;
     let run = Run { executor, subject };
     // Steady: one event per millisecond.
     let mut tick = tokio::time::interval(Duration::from_millis(1));
@@ -154,62 +181,87 @@ async fn wait_for(samples: &Mutex<Vec<f64>>, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Adds a row of `samples` (delays in ms).
 fn row(report: &mut Report, name: String, mut samples: Vec<f64>) {
     samples.sort_by(f64::total_cmp);
     report.row(
         name,
-        vec![
-            ("events", samples.len().to_string()),
-            ("p50 ms", format!("{:.2}", quantile(&samples, 0.5))),
-            ("p99 ms", format!("{:.2}", quantile(&samples, 0.99))),
-            ("max ms", format!("{:.2}", quantile(&samples, 1.0))),
-        ],
+        Figures::new()
+            .with("events", samples.len() as f64)
+            .with("p50_ms", quantile(&samples, 0.5))
+            .with("p99_ms", quantile(&samples, 0.99))
+            .with("max_ms", quantile(&samples, 1.0)),
     );
 }
 
-/// Runs the scenario.
-pub async fn run(pg: &str, nats_url: &str, steady_secs: u64, bursts: usize) -> Result<Report> {
-    let mut report = Report::new("latency");
-    let client = seawall::nats::connect(nats_url).await?;
-    report
-        .versions
-        .push(("nats-server".into(), client.server_info().version.clone()));
-    let js = async_nats::jetstream::new(client.clone());
-    report.setup.push((
-        "steady".into(),
+/// A report with this scenario's columns and setup.
+fn report(steady_secs: u64, bursts: usize) -> Report {
+    let mut report = Report::new(
+        "latency",
+        vec![
+            Column::figure("events", "events", 0),
+            Column::figure("p50 ms", "p50_ms", 2),
+            Column::figure("p99 ms", "p99_ms", 2),
+            Column::figure("max ms", "max_ms", 2),
+        ],
+    );
+    report.setup(
+        "steady",
         format!("1 event per transaction every 1 ms for {steady_secs} s (1,000 events/s)"),
-    ));
-    report.setup.push((
-        "bursts".into(),
+    );
+    report.setup(
+        "bursts",
         format!("{bursts} transactions of 500 events, 1 s apart"),
-    ));
-    report.setup.push((
-        "delay".into(),
-        "from just before COMMIT to a plain NATS subscriber receiving the event".into(),
-    ));
-    report.setup.push(("wake-ups".into(), format!("notify: in-process commit signal (+ LISTEN/NOTIFY on PostgreSQL); polling: every {} ms only", POLL.as_millis())));
+    );
+    report.setup(
+        "delay",
+        "from just before COMMIT to a plain NATS subscriber receiving the event",
+    );
+    report.setup("wake-ups", format!("notify: in-process commit signal (+ LISTEN/NOTIFY on PostgreSQL); polling: every {} ms only", POLL.as_millis()));
+    report
+}
+
+/// A migrated database on `backend` for one measurement.
+async fn database(
+    report: &mut Report,
+    pg: &mut PgServer,
+    dir: &Path,
+    backend: &str,
+    notify: bool,
+) -> Result<DatabaseConnection> {
+    if backend == "SQLite" {
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.join(format!("lat-{notify}.db")).display()
+        );
+        let db = service::db::connect(&url, 8).await?;
+        migration::Migrator::up(&db, None)
+            .await
+            .context("migrating")?;
+        return Ok(db);
+    }
+    let (db, _) = pg.fresh("latency").await?;
+    if !report.has_version("PostgreSQL") {
+        report.version("PostgreSQL", pg::version(&db).await?);
+    }
+    Ok(db)
+}
+
+/// Runs the scenario.
+pub async fn run(
+    pg: &mut PgServer,
+    nats_url: &str,
+    steady_secs: u64,
+    bursts: usize,
+) -> Result<Report> {
+    let mut report = report(steady_secs, bursts);
+    let client = seawall::nats::connect(nats_url).await?;
+    report.version("nats-server", client.server_info().version.clone());
+    let js = async_nats::jetstream::new(client.clone());
     let dir = tempfile::tempdir()?;
     for backend in ["SQLite", "PostgreSQL"] {
         for notify in [true, false] {
-            let db = if backend == "SQLite" {
-                let url = format!(
-                    "sqlite://{}?mode=rwc",
-                    dir.path().join(format!("lat-{notify}.db")).display()
-                );
-                let db = service::db::connect(&url, 8).await?;
-                migration::Migrator::up(&db, None)
-                    .await
-                    .context("migrating")?;
-                db
-            } else {
-                let (db, _) = super::fresh_pg(pg, "latency").await?;
-                if !report.versions.iter().any(|(k, _)| k == "PostgreSQL") {
-                    report
-                        .versions
-                        .push(("PostgreSQL".into(), super::pg_version(&db).await?));
-                }
-                db
-            };
+            let db = database(&mut report, pg, dir.path(), backend, notify).await?;
             let (steady, bursts_lat) =
                 measure(db, &js, &client, notify, steady_secs, bursts).await?;
             let mode = if notify { "notify" } else { "polling" };

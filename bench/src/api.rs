@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio_util::sync::CancellationToken;
 
-use super::report::{Report, quantile};
+use crate::pg::{self, PgServer};
+use crate::report::{Column, Figures, Report, quantile};
 
 const TOKEN: &str = "bench";
 
@@ -56,49 +57,11 @@ async fn fill(db: &sea_orm::DatabaseConnection, rows: u64) -> Result<()> {
     Ok(())
 }
 
-/// Runs the scenario.
-pub async fn run(pg: &str, rows: u64, requests: usize) -> Result<Report> {
-    let (db, _url) = super::fresh_pg(pg, "api").await?;
-    let mut report = Report::new("api");
-    report
-        .versions
-        .push(("PostgreSQL".into(), super::pg_version(&db).await?));
-    eprintln!("filling {rows} outbox rows and {rows} inbox rows...");
-    let started = Instant::now();
-    fill(&db, rows).await?;
-    report.setup.push((
-        "rows".into(),
-        format!("{rows} outbox_message + {rows} inbox_message + 500 dead_letter"),
-    ));
-    report.setup.push((
-        "fill".into(),
-        format!("{:.1} s", started.elapsed().as_secs_f64()),
-    ));
-    report.setup.push((
-        "requests".into(),
-        format!(
-            "{requests} per endpoint, sequential, over loopback HTTP, after 3 warm-up requests"
-        ),
-    ));
-
-    let state = api::AppState {
-        db: db.clone(),
-        nats: None,
-        jetstream: None,
-        relay_wake: None,
-        metrics: None,
-        config: Arc::new(api::ApiConfig {
-            token: Some(TOKEN.into()),
-            ..api::ApiConfig::default()
-        }),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let cancel = CancellationToken::new();
-    tokio::spawn(api::serve_listener(listener, state, cancel.clone()));
-    let http = reqwest::Client::new();
+/// The endpoints measured: list pages with each filter, and the stats a
+/// dashboard polls.
+fn endpoints(rows: u64) -> Vec<String> {
     let mid = rows / 2;
-    let endpoints = [
+    vec![
         "/api/v1/stats".to_owned(),
         "/api/v1/outbox".to_owned(),
         "/api/v1/outbox?status=pending".to_owned(),
@@ -112,33 +75,85 @@ pub async fn run(pg: &str, rows: u64, requests: usize) -> Result<Report> {
         "/api/v1/inbox?state=quarantined".to_owned(),
         "/api/v1/inbox?consumer=notify".to_owned(),
         "/api/v1/dead-letters".to_owned(),
-    ];
-    for path in &endpoints {
-        let mut samples = Vec::with_capacity(requests);
-        for i in 0..requests + 3 {
-            let t0 = Instant::now();
-            let res = http
-                .get(format!("{base}{path}"))
-                .bearer_auth(TOKEN)
-                .send()
-                .await?;
-            let status = res.status();
-            res.bytes().await?;
-            anyhow::ensure!(status.is_success(), "{path} answered {status}");
-            if i >= 3 {
-                samples.push(t0.elapsed().as_secs_f64() * 1000.0);
-            }
+    ]
+}
+
+/// Serves the admin API on `db` on a loopback port; returns its base URL.
+async fn serve(db: &DatabaseConnection, cancel: CancellationToken) -> Result<String> {
+    let state = api::AppState {
+        db: db.clone(),
+        nats: None,
+        jetstream: None,
+        relay_wake: None,
+        metrics: None,
+        config: Arc::new(api::ApiConfig {
+            token: Some(TOKEN.into()),
+            ..api::ApiConfig::default()
+        }),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(api::serve_listener(listener, state, cancel));
+    Ok(base)
+}
+
+/// Milliseconds per request of `requests` sequential GETs of `url`, sorted,
+/// after 3 unmeasured warm-up requests.
+async fn latencies(http: &reqwest::Client, url: &str, requests: usize) -> Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(requests);
+    for i in 0..requests + 3 {
+        let t0 = Instant::now();
+        let res = http.get(url).bearer_auth(TOKEN).send().await?;
+        let status = res.status();
+        res.bytes().await?;
+        anyhow::ensure!(status.is_success(), "{url} answered {status}");
+        if i >= 3 {
+            samples.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
-        samples.sort_by(f64::total_cmp);
-        report.row(
-            path.clone(),
-            vec![
-                ("p50 ms", format!("{:.1}", quantile(&samples, 0.5))),
-                ("p95 ms", format!("{:.1}", quantile(&samples, 0.95))),
-                ("max ms", format!("{:.1}", quantile(&samples, 1.0))),
-            ],
-        );
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples)
+}
+
+/// Runs the scenario.
+pub async fn run(pg: &mut PgServer, rows: u64, requests: usize) -> Result<Report> {
+    let (db, _url) = pg.fresh("api").await?;
+    let mut report = Report::new(
+        "api",
+        vec![
+            Column::figure("p50 ms", "p50_ms", 1),
+            Column::figure("p95 ms", "p95_ms", 1),
+            Column::figure("max ms", "max_ms", 1),
+        ],
+    );
+    report.version("PostgreSQL", pg::version(&db).await?);
+    eprintln!("filling {rows} outbox rows and {rows} inbox rows...");
+    let started = Instant::now();
+    fill(&db, rows).await?;
+    report.setup(
+        "rows",
+        format!("{rows} outbox_message + {rows} inbox_message + 500 dead_letter"),
+    );
+    report.setup("fill", format!("{:.1} s", started.elapsed().as_secs_f64()));
+    report.setup(
+        "requests",
+        format!(
+            "{requests} per endpoint, sequential, over loopback HTTP, after 3 warm-up requests"
+        ),
+    );
+    let cancel = CancellationToken::new();
+    let base = serve(&db, cancel.clone()).await?;
+    let http = reqwest::Client::new();
+    for path in endpoints(rows) {
+        let samples = latencies(&http, &format!("{base}{path}"), requests).await?;
         eprintln!("  {path}: p95 {:.1} ms", quantile(&samples, 0.95));
+        report.row(
+            path,
+            Figures::new()
+                .with("p50_ms", quantile(&samples, 0.5))
+                .with("p95_ms", quantile(&samples, 0.95))
+                .with("max_ms", quantile(&samples, 1.0)),
+        );
     }
     cancel.cancel();
     db.close().await.context("closing")?;

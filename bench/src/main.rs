@@ -1,0 +1,181 @@
+//! `seawall-bench <scenario>`: seawall measured against real PostgreSQL and
+//! NATS servers, printed as a Markdown table (or JSON), next to the physical
+//! limits measured in the same run where the scenario has one. Benchmarks
+//! report; they never pass or fail on speed.
+//!
+//! A binary of its own, so the product binary carries no benchmark code; it
+//! uses the `seawall` library to start exactly what `seawall run` starts, and
+//! the `relay-memory` scenario runs the `seawall` binary itself.
+//!
+//! # Layout
+//! - `report`: figures (numbers with their unit in the key), columns and
+//!   the table printer.
+//! - `pg`: the PostgreSQL server that hands out fresh databases and drops
+//!   them at the end of the run.
+//! - `cpu`: CPU time per party, from `/proc`.
+//! - one module per scenario: `inbox`, `relay`, `memory`,
+//!   `latency`, `e2e`, `api`.
+
+mod api;
+mod cpu;
+mod e2e;
+mod inbox;
+mod latency;
+mod memory;
+mod pg;
+mod relay;
+mod report;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use pg::PgServer;
+use report::Report;
+
+/// Benchmarks of seawall against real servers; see BENCHMARKS.md.
+#[derive(Debug, Parser)]
+#[command(name = "seawall-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+    /// Print the report as JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// A seconds-long run that only proves the scenario works (CI).
+    #[arg(long, global = true)]
+    smoke: bool,
+    /// PostgreSQL server (no database name); each run creates its own databases.
+    #[arg(
+        long,
+        global = true,
+        env = "SEAWALL_BENCH_PG_URL",
+        default_value = "postgres://postgres@127.0.0.1:55432"
+    )]
+    pg_url: String,
+    /// NATS server with JetStream (the `relay`, `relay-memory`, `latency` and
+    /// `e2e` scenarios create streams on it; `e2e` recreates CREDITS).
+    #[arg(
+        long,
+        global = true,
+        env = "SEAWALL_BENCH_NATS_URL",
+        default_value = "nats://127.0.0.1:54222"
+    )]
+    nats_url: String,
+}
+
+/// The scenarios.
+#[derive(Debug, Clone, Subcommand)]
+enum Scenario {
+    /// Admin API latency (p50/p95) of list pages and stats on a big outbox and inbox.
+    Api {
+        /// Rows in each of outbox_message and inbox_message.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: u64,
+        /// Requests per endpoint.
+        #[arg(long, default_value_t = 100)]
+        requests: usize,
+    },
+    /// Messages/s through `Inbox::process` against a bare transaction, 1-64 workers.
+    Inbox {
+        /// Messages per measurement.
+        #[arg(long, default_value_t = 10_000)]
+        messages: u64,
+    },
+    /// Outbox rows/s to JetStream against a plain publisher, 1 and 3 relays.
+    Relay {
+        /// Rows per measurement.
+        #[arg(long, default_value_t = 100_000)]
+        rows: u64,
+    },
+    /// Peak RSS of a `seawall relay` process: small against large backlog.
+    /// Runs the `seawall` binary next to this one, or `SEAWALL_BIN`.
+    RelayMemory {
+        /// Small backlog.
+        #[arg(long, default_value_t = 10_000)]
+        small: u64,
+        /// Large backlog.
+        #[arg(long, default_value_t = 1_000_000)]
+        large: u64,
+    },
+    /// Commit-to-subscriber delay, steady and in bursts, notify vs polling.
+    Latency {
+        /// Seconds of steady 1,000 events/s.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// Messages/s from a JetStream publish to the `credits.applied` subscriber.
+    E2e {
+        /// Messages.
+        #[arg(long, default_value_t = 20_000)]
+        messages: u64,
+    },
+}
+
+impl Scenario {
+    /// The same scenario at the sizes of a smoke run: seconds long, enough to
+    /// prove that every step works, too small for its figures to mean much.
+    fn smoke(self) -> Self {
+        match self {
+            Self::Api { .. } => Self::Api {
+                rows: 2_000,
+                requests: 5,
+            },
+            Self::Inbox { .. } => Self::Inbox { messages: 100 },
+            Self::Relay { .. } => Self::Relay { rows: 500 },
+            Self::RelayMemory { .. } => Self::RelayMemory {
+                small: 500,
+                large: 2_000,
+            },
+            Self::Latency { .. } => Self::Latency { seconds: 1 },
+            Self::E2e { .. } => Self::E2e { messages: 200 },
+        }
+    }
+
+    /// Runs the scenario; its databases come from `pg`.
+    async fn run(self, pg: &mut PgServer, nats_url: &str, smoke: bool) -> Result<Report> {
+        match self {
+            Self::Api { rows, requests } => api::run(pg, rows, requests).await,
+            Self::Inbox { messages } => inbox::run(pg, messages).await,
+            Self::Relay { rows } => relay::run(pg, nats_url, rows).await,
+            Self::RelayMemory { small, large } => memory::run(pg, nats_url, small, large).await,
+            Self::Latency { seconds } => {
+                let bursts = if smoke { 1 } else { 5 };
+                latency::run(pg, nats_url, seconds, bursts).await
+            }
+            Self::E2e { messages } => e2e::run(pg, nats_url, messages).await,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    seawall::app::init();
+    let cli = Cli::parse();
+    let scenario = if cli.smoke {
+        cli.scenario.smoke()
+    } else {
+        cli.scenario
+    };
+    let mut pg = PgServer::new(cli.pg_url);
+    let report = scenario.run(&mut pg, &cli.nats_url, cli.smoke).await;
+    pg.drop_created().await;
+    let report = report?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}

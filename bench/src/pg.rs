@@ -1,0 +1,106 @@
+//! The PostgreSQL server the scenarios measure on.
+
+use anyhow::{Context, Result};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+
+use migration::MigratorTrait;
+
+/// A PostgreSQL server (a URL without a database name) on which every
+/// measurement gets a database of its own, so that no run sees another's
+/// rows. It remembers the databases it created and drops them when the run
+/// ends ([`PgServer::drop_created`]), so repeated runs (a million-row `api`
+/// run among them) do not fill the disk.
+#[derive(Debug)]
+pub struct PgServer {
+    url: String,
+    created: Vec<String>,
+}
+
+impl PgServer {
+    /// The server at `url` (`postgres://user@host:port`, no database name).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            created: Vec::new(),
+        }
+    }
+
+    async fn admin(&self) -> Result<DatabaseConnection> {
+        sea_orm::Database::connect(format!("{}/postgres", self.url))
+            .await
+            .with_context(|| {
+                format!(
+                    "connecting to PostgreSQL at {} (start it with scripts/services start pg, or pass --pg-url)",
+                    self.url
+                )
+            })
+    }
+
+    /// Creates a fresh database named after `scenario`, applies the
+    /// migrations and returns a pool on it with its URL (for a process the
+    /// scenario starts).
+    ///
+    /// # Errors
+    /// When the server cannot be reached, refuses `CREATE DATABASE`, or the
+    /// migrations fail.
+    pub async fn fresh(&mut self, scenario: &str) -> Result<(DatabaseConnection, String)> {
+        let name = format!("bench_{scenario}_{}", uuid::Uuid::now_v7().simple());
+        let admin = self.admin().await?;
+        admin
+            .execute_raw(Statement::from_string(
+                DbBackend::Postgres,
+                format!("CREATE DATABASE {name}"),
+            ))
+            .await
+            .with_context(|| format!("creating the database {name}"))?;
+        admin.close().await?;
+        self.created.push(name.clone());
+        let url = format!("{}/{name}", self.url);
+        let db = service::db::connect(&url, 32).await?;
+        migration::Migrator::up(&db, None)
+            .await
+            .with_context(|| format!("migrating {name}"))?;
+        Ok((db, url))
+    }
+
+    /// Drops every database this run created, whether or not the scenario
+    /// succeeded. A failure only leaves them behind (logged): the figures,
+    /// or the error that ended the run, matter more than the clean-up.
+    pub async fn drop_created(self) {
+        if self.created.is_empty() {
+            return;
+        }
+        let admin = match self.admin().await {
+            Ok(admin) => admin,
+            Err(err) => {
+                tracing::warn!(error = %format!("{err:#}"), "could not drop the benchmark databases");
+                return;
+            }
+        };
+        for name in &self.created {
+            let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            if let Err(err) = admin
+                .execute_raw(Statement::from_string(DbBackend::Postgres, sql))
+                .await
+            {
+                tracing::warn!(database = %name, error = %err, "could not drop a benchmark database");
+            }
+        }
+        let _ = admin.close().await;
+    }
+}
+
+/// The server's version string, for the report's versions line.
+///
+/// # Errors
+/// When the query fails.
+pub async fn version(db: &DatabaseConnection) -> Result<String> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SHOW server_version",
+        ))
+        .await?
+        .context("no version row")?;
+    Ok(row.try_get::<String>("", "server_version")?)
+}
