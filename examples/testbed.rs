@@ -24,13 +24,7 @@ use service::{ConsumerName, Registry};
 #[tokio::main]
 async fn main() -> ExitCode {
     seawall::app::init();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    seawall::app::exit_code(run().await)
 }
 
 async fn run() -> Result<()> {

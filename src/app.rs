@@ -271,6 +271,18 @@ pub fn init() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// How a seawall binary ends: success, or one line with the cause chain on
+/// stderr (no backtrace for an operator's error) and a failure status.
+pub fn exit_code(result: Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs `roles` of `domain` as this process until SIGINT/SIGTERM, with a
 /// database pool sized for them and the Prometheus recorder installed.
 ///
@@ -279,14 +291,7 @@ pub fn init() {
 pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<()> {
     let pool = settings.pool_size(&roles, domain.registry.registrations().len())?;
     let metrics = api::metrics::install().context("installing the metrics recorder")?;
-    let db = service::db::connect(&settings.database_url, pool)
-        .await
-        .with_context(|| {
-            format!(
-                "connecting to the database at {}",
-                crate::config::redact(&settings.database_url)
-            )
-        })?;
+    let db = connect_db(&settings.database_url, pool).await?;
     let app = Application::build(settings, roles, domain, db, Some(metrics)).await?;
     let api = if roles.api {
         format!("http://{}/", settings.api_addr)
@@ -298,6 +303,20 @@ pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<
         roles.relay, roles.consume
     );
     app.run_until(stop_on_signal()).await
+}
+
+/// Opens the database at `url` with a pool of `max` connections, naming the
+/// URL (password hidden) when it fails.
+///
+/// # Errors
+/// The database is unreachable or the URL invalid.
+pub async fn connect_db(url: &str, max: u32) -> Result<DatabaseConnection> {
+    service::db::connect(url, max).await.with_context(|| {
+        format!(
+            "connecting to the database at {}",
+            crate::config::redact(url)
+        )
+    })
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

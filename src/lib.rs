@@ -10,8 +10,7 @@
 //!   a [`Domain`] and runs it until told to stop.
 //! - [`nats`]: connecting to NATS from a URL setting.
 //! - [`webhook`]: an effect that POSTs events to a URL, for two-phase claims.
-//! - [`demo`]: the example domain (credits and the `notify` webhook) with the
-//!   commands that drive it; a fork replaces it (see `docs/fork.md`).
+//! - [`demo`]: the example domain and its commands (`docs/fork.md` replaces it).
 //!
 //! The platform itself lives in the library crates: `service` (inbox,
 //! outbox, claims, states), `worker` (relay, consumers) and `api`; see

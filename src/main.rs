@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use seawall::app::serve;
-use seawall::demo::{self, load, publish};
+use seawall::app::{connect_db, serve};
+use seawall::demo;
 use seawall::{Roles, config};
 
 /// Exactly-once effects over at-least-once messaging.
@@ -26,12 +26,6 @@ struct Cli {
 enum Command {
     /// Create or upgrade the schema (idempotent).
     Migrate,
-    /// Run the races of docs/architecture.md (rules 1-4) against the configured database (default:
-    /// a fresh temporary SQLite file) and narrate what happened.
-    Demo,
-    /// Push synthetic credit requests through the inbox, each several times;
-    /// prints a JSON summary. Run several at once to contend across processes.
-    Load(load::LoadArgs),
     /// Everything in one process: migrations, outbox relay, consumers, claim
     /// sweeper, pruner and the admin API with its dashboard.
     Run,
@@ -42,8 +36,6 @@ enum Command {
     Consume,
     /// Only the admin API, dashboard and metrics.
     Api,
-    /// Publish demo `credits.requested` messages to JetStream.
-    Publish(publish::PublishArgs),
     /// Print counts by table and state, relay lag and throughput as JSON.
     Stats,
     /// Delete processed inbox markers and published outbox rows past their
@@ -53,18 +45,20 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// The example domain's commands (`demo`, `load`, `publish`).
+    #[command(flatten)]
+    Demo(demo::Commands),
+}
+
+/// This service's domain: what its consumers handle. A fork returns its own
+/// here (docs/fork.md).
+fn domain(settings: &config::Settings) -> Result<seawall::Domain> {
+    demo::domain(settings)
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            // One line with the cause chain; no backtrace for operator errors.
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    seawall::app::exit_code(run().await)
 }
 
 async fn run() -> Result<()> {
@@ -74,29 +68,21 @@ async fn run() -> Result<()> {
     let settings = &loaded.settings;
     match cli.command {
         Command::Migrate => {
-            let db = connect(&settings.database_url, settings.tool_pool_size()).await?;
+            let db = connect_db(&settings.database_url, settings.tool_pool_size()).await?;
             migration::apply(&db).await.context("applying migrations")?;
             println!(
                 "migrations applied to {}",
                 config::redact(&settings.database_url)
             );
         }
-        Command::Demo => {
-            let url = loaded
-                .database_url_explicit
-                .then_some(settings.database_url.as_str());
-            let (db, _dir) = demo::races::open(url).await?;
-            migration::apply(&db).await.context("applying migrations")?;
-            demo::races::run(db).await?;
-        }
-        Command::Run => serve(settings, Roles::ALL, demo::domain(settings)?).await?,
-        Command::Relay => serve(settings, Roles::RELAY, demo::domain(settings)?).await?,
-        Command::Consume => serve(settings, Roles::CONSUME, demo::domain(settings)?).await?,
-        Command::Api => serve(settings, Roles::API, demo::domain(settings)?).await?,
-        Command::Publish(args) => publish::run(&settings.nats_url, &args).await?,
+        Command::Run => serve(settings, Roles::ALL, domain(settings)?).await?,
+        Command::Relay => serve(settings, Roles::RELAY, domain(settings)?).await?,
+        Command::Consume => serve(settings, Roles::CONSUME, domain(settings)?).await?,
+        Command::Api => serve(settings, Roles::API, domain(settings)?).await?,
+        Command::Demo(command) => demo::run(command, &loaded).await?,
         Command::Prune { dry_run } => {
             let retention = settings.retention()?;
-            let db = connect(&settings.database_url, 2).await?;
+            let db = connect_db(&settings.database_url, 2).await?;
             let now = chrono::Utc::now();
             let report = if dry_run {
                 service::retention::prune_dry_run(&db, &retention, now).await
@@ -111,27 +97,12 @@ async fn run() -> Result<()> {
             );
         }
         Command::Stats => {
-            let db = connect(&settings.database_url, 1).await?;
+            let db = connect_db(&settings.database_url, 1).await?;
             let stats = service::stats::stats(&db, chrono::Utc::now())
                 .await
                 .context("reading stats")?;
             println!("{}", serde_json::to_string_pretty(&stats)?);
         }
-        Command::Load(args) => {
-            let db = connect(&settings.database_url, settings.tool_pool_size()).await?;
-            migration::apply(&db).await.context("applying migrations")?;
-            let summary = load::run(db, &args).await?;
-            println!("{}", serde_json::to_string(&summary)?);
-            if summary.errors > 0 {
-                anyhow::bail!("{} message(s) failed", summary.errors);
-            }
-        }
     }
     Ok(())
-}
-
-async fn connect(url: &str, max: u32) -> Result<sea_orm::DatabaseConnection> {
-    service::db::connect(url, max)
-        .await
-        .with_context(|| format!("connecting to the database at {}", config::redact(url)))
 }

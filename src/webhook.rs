@@ -1,6 +1,6 @@
-//! The demo `notify` consumer's effect: POST each `credits.applied` event to a
-//! webhook, through a two-phase claim, with `Idempotency-Key` = the event's
-//! message id so the receiver can drop a repeat after a crash.
+//! An effect for two-phase claims: POST each event to a webhook with
+//! `Idempotency-Key` = the event's message id, so the receiver can drop a
+//! repeat after a crash. The demo's `notify` consumer registers it.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -151,13 +151,7 @@ impl Scenario {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    seawall::app::exit_code(run().await)
 }
 
 async fn run() -> Result<()> {

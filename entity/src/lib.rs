@@ -8,8 +8,7 @@
 //! - [`inbox_message`]: one row per (message, consumer) handled or claimed.
 //! - [`outbox_message`]: events waiting for, or done with, publication.
 //! - [`dead_letter`]: messages a consumer gave up on, with the reason.
-//! - [`demo`]: the example domain's tables (`account`, `credit`); a fork
-//!   deletes the module and adds its own tables (see `docs/fork.md`).
+//! - [`demo`]: the example domain's tables (`docs/fork.md` removes them).
 
 pub mod dead_letter;
 pub mod demo;

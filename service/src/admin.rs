@@ -74,6 +74,14 @@ impl TimeRange {
     }
 }
 
+/// `cond`, narrowed to `column = value` when a value is given.
+fn and_eq(cond: Condition, column: impl ColumnTrait, value: Option<&str>) -> Condition {
+    match value {
+        Some(value) => cond.add(column.eq(value)),
+        None => cond,
+    }
+}
+
 /// Up to `cursor.limit + 1` rows of `E` matching `cond`, newest first.
 async fn newest_first<E: EntityTrait>(
     db: &DatabaseConnection,
@@ -118,13 +126,8 @@ impl OutboxFilter {
         if let Some(state) = self.state {
             cond = cond.add(state.condition());
         }
-        if let Some(subject) = &self.subject {
-            cond = cond.add(Column::Subject.eq(subject.as_str()));
-        }
-        if let Some(message_id) = &self.message_id {
-            cond = cond.add(Column::MessageId.eq(message_id.as_str()));
-        }
-        cond
+        cond = and_eq(cond, Column::Subject, self.subject.as_deref());
+        and_eq(cond, Column::MessageId, self.message_id.as_deref())
     }
 }
 
@@ -217,12 +220,8 @@ pub async fn markers(
     if let Some(state) = filter.state {
         cond = cond.add(state.condition(now));
     }
-    if let Some(consumer) = &filter.consumer {
-        cond = cond.add(Column::Consumer.eq(consumer.as_str()));
-    }
-    if let Some(message_id) = &filter.message_id {
-        cond = cond.add(Column::MessageId.eq(message_id.as_str()));
-    }
+    let cond = and_eq(cond, Column::Consumer, filter.consumer.as_deref());
+    let cond = and_eq(cond, Column::MessageId, filter.message_id.as_deref());
     newest_first::<inbox_message::Entity>(db, cond, Column::Id, cursor).await
 }
 
@@ -245,10 +244,11 @@ pub async fn dead_letters(
     cursor: Cursor,
 ) -> Result<Vec<dead_letter::Model>, DbErr> {
     use dead_letter::Column;
-    let mut cond = Condition::all();
-    if let Some(consumer) = &filter.consumer {
-        cond = cond.add(Column::Consumer.eq(consumer.as_str()));
-    }
+    let mut cond = and_eq(
+        Condition::all(),
+        Column::Consumer,
+        filter.consumer.as_deref(),
+    );
     match filter.replayed {
         Some(true) => cond = cond.add(Column::ReplayedAt.is_not_null()),
         Some(false) => cond = cond.add(Column::ReplayedAt.is_null()),

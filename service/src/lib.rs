@@ -14,8 +14,7 @@
 //! - [`retention`]: how long rows are kept, and pruning them.
 //! - [`executor`]: [`Executor`], which re-runs whole transactions on transient errors.
 //! - [`classify`]: what a database error means, per backend.
-//! - [`demo`]: the example domain (credits), as the example of domain logic;
-//!   a fork replaces it (see `docs/fork.md`).
+//! - [`demo`]: the example domain, credits (`docs/fork.md` replaces it).
 //! - [`registry`]: which handler consumes which subject.
 //! - [`dead_letter`]: recording messages a consumer gave up on.
 //! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.

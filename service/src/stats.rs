@@ -82,7 +82,46 @@ pub struct MinuteCount {
 /// # Errors
 /// The first failing query's error.
 pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats, DbErr> {
-    use outbox_message::Column as O;
+    let mut estimated = Vec::new();
+    let (outbox, inbox) = counts(db, now, &mut estimated).await?;
+    let dead_letters_by_consumer: Vec<ConsumerCount> = dead_letter::Entity::find()
+        .select_only()
+        .column(dead_letter::Column::Consumer)
+        .column_as(dead_letter::Column::Id.count(), "count")
+        .filter(dead_letter::Column::ReplayedAt.is_null())
+        .group_by(dead_letter::Column::Consumer)
+        .order_by_asc(dead_letter::Column::Consumer)
+        .into_model()
+        .all(db)
+        .await?;
+    let dead_letters = dead_letters_by_consumer
+        .iter()
+        .map(|c| u64::try_from(c.count).unwrap_or(0))
+        .sum();
+    let (oldest_pending_age_seconds, relay_lag_ms) = relay_delays(db, now).await?;
+    Ok(Stats {
+        outbox,
+        inbox,
+        dead_letters,
+        dead_letters_by_consumer,
+        oldest_pending_age_seconds,
+        relay_lag_ms,
+        throughput: throughput(db, now).await?,
+        estimated,
+        generated_at: now,
+    })
+}
+
+/// Rows by state. The two big numbers are exact on small tables and taken
+/// from PostgreSQL's row estimate on big ones (an exact count of a million
+/// rows costs more than the rest of the page together), named in
+/// `estimated`; everything that signals trouble (pending, dead, claims) is
+/// always exact.
+async fn counts(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+    estimated: &mut Vec<String>,
+) -> Result<(OutboxCounts, InboxCounts), DbErr> {
     let outbox_in = |state: OutboxState| {
         outbox_message::Entity::find()
             .filter(state.condition())
@@ -93,18 +132,13 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
             .filter(state.condition(now))
             .count(db)
     };
-    let pending = outbox_in(OutboxState::Pending);
-    let dead = outbox_in(OutboxState::Dead);
-    let claimed = markers_in(ClaimState::Claimed);
-    let expired = markers_in(ClaimState::Expired);
-    let quarantined = markers_in(ClaimState::Quarantined);
-    let (pending, dead, claimed, expired_claims, quarantined) =
-        futures::try_join!(pending, dead, claimed, expired, quarantined)?;
-    let mut estimated = Vec::new();
-    // The two big numbers: exact on small tables, from PostgreSQL's row
-    // estimate on big ones (an exact count of a million rows costs more than
-    // the rest of the page together). Everything that signals trouble
-    // (pending, dead, claims) is always exact.
+    let (pending, dead, claimed, expired_claims, quarantined) = futures::try_join!(
+        outbox_in(OutboxState::Pending),
+        outbox_in(OutboxState::Dead),
+        markers_in(ClaimState::Claimed),
+        markers_in(ClaimState::Expired),
+        markers_in(ClaimState::Quarantined),
+    )?;
     let published = match estimated_rows(db, "outbox_message").await? {
         Some(total) => {
             estimated.push("outbox.published".to_owned());
@@ -130,20 +164,16 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
         expired_claims,
         quarantined,
     };
-    let dead_letters_by_consumer: Vec<ConsumerCount> = dead_letter::Entity::find()
-        .select_only()
-        .column(dead_letter::Column::Consumer)
-        .column_as(dead_letter::Column::Id.count(), "count")
-        .filter(dead_letter::Column::ReplayedAt.is_null())
-        .group_by(dead_letter::Column::Consumer)
-        .order_by_asc(dead_letter::Column::Consumer)
-        .into_model()
-        .all(db)
-        .await?;
-    let dead_letters = dead_letters_by_consumer
-        .iter()
-        .map(|c| u64::try_from(c.count).unwrap_or(0))
-        .sum();
+    Ok((outbox, inbox))
+}
+
+/// The age of the oldest pending row in seconds, and the mean
+/// commit-to-publish delay of the last 100 published rows in milliseconds.
+async fn relay_delays(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+) -> Result<(Option<f64>, Option<f64>), DbErr> {
+    use outbox_message::Column as O;
     let oldest: Option<DateTime<Utc>> = outbox_message::Entity::find()
         .select_only()
         .column(O::CreatedAt)
@@ -168,18 +198,10 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
             published.map(|p| (p - *created).num_microseconds().unwrap_or(0) as f64 / 1000.0)
         })
         .collect();
-    Ok(Stats {
-        outbox,
-        inbox,
-        dead_letters,
-        dead_letters_by_consumer,
-        oldest_pending_age_seconds: oldest
-            .map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
-        relay_lag_ms: (!lags.is_empty()).then(|| lags.iter().sum::<f64>() / lags.len() as f64),
-        throughput: throughput(db, now).await?,
-        estimated,
-        generated_at: now,
-    })
+    Ok((
+        oldest.map(|t| (now - t).num_milliseconds().max(0) as f64 / 1000.0),
+        (!lags.is_empty()).then(|| lags.iter().sum::<f64>() / lags.len() as f64),
+    ))
 }
 
 /// Tables above this many rows get estimated totals on PostgreSQL.

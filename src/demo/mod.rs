@@ -13,7 +13,7 @@ pub mod load;
 pub mod publish;
 pub mod races;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
 use service::ConsumerName;
 use service::Registry;
@@ -21,8 +21,8 @@ use service::demo::credits::{
     APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT,
 };
 
-use crate::app::Domain;
-use crate::config::Settings;
+use crate::app::{Domain, connect_db};
+use crate::config::{Loaded, Settings};
 use crate::webhook::Webhook;
 
 /// The demo `notify` consumer's name.
@@ -53,4 +53,47 @@ pub fn domain(settings: &Settings) -> Result<Domain> {
         stream: settings.stream(CREDITS_STREAM, &["credits.>"]),
         registry,
     })
+}
+
+/// The demo's commands, flattened into `seawall`'s own.
+#[derive(Debug, clap::Subcommand)]
+pub enum Commands {
+    /// Run the races of docs/architecture.md (rules 1-4) against the
+    /// configured database (default: a fresh temporary SQLite file) and
+    /// narrate what happened.
+    Demo,
+    /// Push synthetic credit requests through the inbox, each several times;
+    /// prints a JSON summary. Run several at once to contend across processes.
+    Load(load::LoadArgs),
+    /// Publish demo `credits.requested` messages to JetStream.
+    Publish(publish::PublishArgs),
+}
+
+/// Runs one of the demo's commands.
+///
+/// # Errors
+/// The command failing, or (`load`) any message failing.
+pub async fn run(command: Commands, loaded: &Loaded) -> Result<()> {
+    let settings = &loaded.settings;
+    match command {
+        Commands::Demo => {
+            let url = loaded
+                .database_url_explicit
+                .then_some(settings.database_url.as_str());
+            let (db, _dir) = races::open(url).await?;
+            migration::apply(&db).await.context("applying migrations")?;
+            races::run(db).await
+        }
+        Commands::Load(args) => {
+            let db = connect_db(&settings.database_url, settings.tool_pool_size()).await?;
+            migration::apply(&db).await.context("applying migrations")?;
+            let summary = load::run(db, &args).await?;
+            println!("{}", serde_json::to_string(&summary)?);
+            if summary.errors > 0 {
+                bail!("{} message(s) failed", summary.errors);
+            }
+            Ok(())
+        }
+        Commands::Publish(args) => publish::run(&settings.nats_url, &args).await,
+    }
 }

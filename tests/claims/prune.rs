@@ -5,10 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
-use sea_orm::{
-    ActiveValue::{NotSet, Set},
-    ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter,
-};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 
 use crate::support::domain::LedgerHandler;
 use entity::{inbox_message, outbox_message};
@@ -17,45 +14,18 @@ use service::{ConsumerName, Executor, Inbox, Outcome};
 
 use crate::on_backends;
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb, entry_envelope};
+use crate::support::{Backend, TestDb, entry_envelope, rows};
 
 fn old_marker(i: usize, age: chrono::Duration) -> inbox_message::ActiveModel {
-    let at = Utc::now() - age;
-    inbox_message::ActiveModel {
-        id: NotSet,
-        message_id: Set(format!("old-{i}")),
-        consumer: Set("ledger".into()),
-        received_at: Set(at),
-        processed_at: Set(Some(at)),
-        claimed_by: Set(None),
-        claimed_at: Set(None),
-        lease_until: Set(None),
-        attempts: Set(1),
-        result: Set(None),
-        quarantined_at: Set(None),
-        subject: Set(None),
-        payload: Set(None),
-    }
+    rows::marker(format!("old-{i}"), "ledger", Utc::now() - age)
 }
 
 fn old_event(i: usize, published: bool, dead: bool) -> outbox_message::ActiveModel {
     let at = Utc::now() - chrono::Duration::hours(2);
-    outbox_message::ActiveModel {
-        id: NotSet,
-        message_id: Set(format!("old-event-{i}")),
-        subject: Set("ledger.recorded".into()),
-        payload: Set(b"{}".to_vec()),
-        headers: Set(serde_json::json!({})),
-        ordering_key: Set(None),
-        created_at: Set(at),
-        published_at: Set(published.then_some(at)),
-        attempts: Set(0),
-        last_error: Set(None),
-        next_attempt_at: Set(at),
-        locked_by: Set(None),
-        locked_until: Set(None),
-        dead_at: Set(dead.then_some(at)),
-    }
+    let mut row = rows::event(format!("old-event-{i}"), at);
+    row.published_at = Set(published.then_some(at));
+    row.dead_at = Set(dead.then_some(at));
+    row
 }
 
 /// Pruning removes exactly the rows past retention, in batches, from

@@ -3,17 +3,14 @@
 //! state, and the sweeper, the stats and the API share the lease boundary.
 
 use chrono::{DateTime, Duration, Utc};
-use sea_orm::{
-    ActiveValue::{NotSet, Set},
-    EntityTrait, PaginatorTrait, QueryFilter,
-};
+use sea_orm::{ActiveValue::Set, EntityTrait, PaginatorTrait, QueryFilter};
 
 use entity::{inbox_message, outbox_message};
 use service::sweep::{SweepPolicy, sweep_claims};
 use service::{ClaimState, OutboxState};
 
 use crate::on_backends;
-use crate::support::{Backend, TestDb};
+use crate::support::{Backend, TestDb, rows};
 
 fn marker(
     i: usize,
@@ -21,41 +18,20 @@ fn marker(
     lease_until: Option<DateTime<Utc>>,
     quarantined: Option<DateTime<Utc>>,
 ) -> inbox_message::ActiveModel {
-    inbox_message::ActiveModel {
-        id: NotSet,
-        message_id: Set(format!("m-{i}")),
-        consumer: Set("hook".into()),
-        received_at: Set(Utc::now()),
-        processed_at: Set(processed),
-        claimed_by: Set(lease_until.map(|_| "instance".into())),
-        claimed_at: Set(None),
-        lease_until: Set(lease_until),
-        attempts: Set(1),
-        result: Set(None),
-        quarantined_at: Set(quarantined),
-        subject: Set(None),
-        payload: Set(None),
-    }
+    let mut row = rows::marker(format!("m-{i}"), "hook", Utc::now());
+    row.processed_at = Set(processed);
+    row.claimed_by = Set(lease_until.map(|_| "instance".into()));
+    row.lease_until = Set(lease_until);
+    row.quarantined_at = Set(quarantined);
+    row
 }
 
 fn event(i: usize, published: bool, dead: bool) -> outbox_message::ActiveModel {
     let at = Utc::now();
-    outbox_message::ActiveModel {
-        id: NotSet,
-        message_id: Set(format!("e-{i}")),
-        subject: Set("states.test".into()),
-        payload: Set(b"{}".to_vec()),
-        headers: Set(serde_json::json!({})),
-        ordering_key: Set(None),
-        created_at: Set(at),
-        published_at: Set(published.then_some(at)),
-        attempts: Set(0),
-        last_error: Set(None),
-        next_attempt_at: Set(at),
-        locked_by: Set(None),
-        locked_until: Set(None),
-        dead_at: Set(dead.then_some(at)),
-    }
+    let mut row = rows::event(format!("e-{i}"), at);
+    row.published_at = Set(published.then_some(at));
+    row.dead_at = Set(dead.then_some(at));
+    row
 }
 
 async fn states_agree(backend: Backend) {

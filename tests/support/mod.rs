@@ -168,4 +168,5 @@ pub mod domain;
 pub mod nats;
 pub mod process;
 pub mod proxy;
+pub mod rows;
 pub mod webhook;
