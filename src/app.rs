@@ -21,7 +21,7 @@ use tracing_subscriber::EnvFilter;
 
 use service::retention::PruneConfig;
 use service::{Executor, Inbox, Registry};
-use worker::{Consumer, Relay, StreamSpec, maintenance};
+use worker::{Consumer, Relay, RelayConfig, StreamSpec, maintenance};
 
 use crate::config::Settings;
 
@@ -69,8 +69,8 @@ impl Roles {
 }
 
 /// A service's messaging: the stream its subjects live in and which handler
-/// consumes which subject. The platform runs any domain; the demo's is
-/// [`crate::demo::domain`], and a fork supplies its own.
+/// consumes which subject. The platform runs any domain; the binary names
+/// its own in `src/main.rs` (`docs/fork.md`).
 pub struct Domain {
     /// The stream the consumers read and the relay publishes into.
     pub stream: StreamSpec,
@@ -116,11 +116,8 @@ impl Application {
         }
         migration::apply(&db).await.context("applying migrations")?;
         // The workers cannot start without NATS; the API alone can.
-        let client = if roles.workers() {
-            crate::nats::connect(&settings.nats_url).await?
-        } else {
-            crate::nats::connect_eventually(&settings.nats_url).await?
-        };
+        let nats = crate::nats::connect_with(settings, !roles.workers()).await?;
+        let client = nats.client;
         let js = jetstream::new(client.clone());
         if roles.workers() {
             let relay = settings.relay();
@@ -129,9 +126,13 @@ impl Application {
                 .await?;
         }
         let wake = Arc::new(Notify::new());
-        let relay = roles
-            .relay
-            .then(|| Relay::new(db.clone(), js.clone(), settings.relay(), wake.clone()));
+        let relay = roles.relay.then(|| {
+            let config = RelayConfig {
+                server_errors: Some(nats.server_errors),
+                ..settings.relay()
+            };
+            Relay::new(db.clone(), js.clone(), config, wake.clone())
+        });
         let consumers = if roles.consume {
             let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
             consumers(settings, &domain, inbox, &js).await?
@@ -176,6 +177,9 @@ impl Application {
     /// # Errors
     /// The first loop that failed, or panicked.
     pub async fn run_until(self, stop: CancellationToken) -> Result<()> {
+        if stop.is_cancelled() {
+            return Ok(());
+        }
         let cancel = stop.child_token();
         let mut tasks: JoinSet<Result<()>> = JoinSet::new();
         if let Some(relay) = self.relay {
@@ -201,23 +205,24 @@ impl Application {
             let cancel = cancel.clone();
             tasks.spawn(async move { Ok(api::serve(addr, state, cancel).await?) });
         }
+        // A loop that ends first (failed, or done) stops the others; so does
+        // the token. The first failure, whenever it comes, is the result.
         let mut failure = None;
         tokio::select! {
-            () = cancel.cancelled() => tracing::info!("shutdown requested"),
+            biased;
             Some(res) = tasks.join_next() => {
-                failure = Some(res.context("worker task panicked").and_then(|r| r));
+                failure = res.context("worker task panicked").and_then(|r| r).err();
             }
+            () = cancel.cancelled() => tracing::info!("shutdown requested"),
         }
         cancel.cancel();
         while let Some(res) = tasks.join_next().await {
             if let Err(err) = res.context("worker task panicked").and_then(|r| r) {
                 tracing::error!(error = %format!("{err:#}"), "worker task failed");
+                failure.get_or_insert(err);
             }
         }
-        match failure {
-            Some(Err(err)) => Err(err),
-            _ => Ok(()),
-        }
+        failure.map_or(Ok(()), Err)
     }
 }
 
@@ -267,7 +272,8 @@ pub fn init() {
             EnvFilter::try_from_env("SEAWALL_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
-        .init();
+        .try_init()
+        .ok();
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 

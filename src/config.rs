@@ -3,7 +3,7 @@
 //! naming the key, rather than surfacing later as a confusing runtime error.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use service::claim::ClaimPolicy;
@@ -24,6 +24,15 @@ pub struct Settings {
     pub database_url: String,
     pub db_max_connections: Option<u32>,
     pub nats_url: String,
+    pub nats_creds_file: Option<PathBuf>,
+    pub nats_nkey_seed: Option<String>,
+    pub nats_user: Option<String>,
+    pub nats_password: Option<String>,
+    pub nats_token: Option<String>,
+    pub nats_ca_file: Option<PathBuf>,
+    pub nats_cert_file: Option<PathBuf>,
+    pub nats_key_file: Option<PathBuf>,
+    pub nats_tls_first: bool,
     pub api_addr: SocketAddr,
     pub admin_token: Option<String>,
     pub ack_wait_ms: u64,
@@ -61,6 +70,15 @@ const KEYS: &[&str] = &[
     "database_url",
     "db_max_connections",
     "nats_url",
+    "nats_creds_file",
+    "nats_nkey_seed",
+    "nats_user",
+    "nats_password",
+    "nats_token",
+    "nats_ca_file",
+    "nats_cert_file",
+    "nats_key_file",
+    "nats_tls_first",
     "api_addr",
     "admin_token",
     "ack_wait_ms",
@@ -97,6 +115,15 @@ impl Default for Settings {
             database_url: "sqlite://seawall.db?mode=rwc".into(),
             db_max_connections: None,
             nats_url: "nats://127.0.0.1:4222".into(),
+            nats_creds_file: None,
+            nats_nkey_seed: None,
+            nats_user: None,
+            nats_password: None,
+            nats_token: None,
+            nats_ca_file: None,
+            nats_cert_file: None,
+            nats_key_file: None,
+            nats_tls_first: false,
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: None,
             ack_wait_ms: 30_000,
@@ -162,7 +189,8 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
+/// A configuration error about `key`.
+pub(crate) fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key,
         env: key.to_uppercase(),
@@ -412,15 +440,23 @@ impl Settings {
                 format!("unknown fault point {name:?}; one of {}", names.join(", ")),
             ));
         }
-        if let Some(path) = &self.webhook_ca_file
-            && !path.is_file()
-        {
-            return Err(invalid(
-                "webhook_ca_file",
-                format!("{} is not a readable file", path.display()),
-            ));
+        for (key, path) in [
+            ("webhook_ca_file", &self.webhook_ca_file),
+            ("nats_creds_file", &self.nats_creds_file),
+            ("nats_ca_file", &self.nats_ca_file),
+            ("nats_cert_file", &self.nats_cert_file),
+            ("nats_key_file", &self.nats_key_file),
+        ] {
+            if let Some(path) = path
+                && !path.is_file()
+            {
+                return Err(invalid(
+                    key,
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
         }
-        Ok(())
+        crate::nats::check(self)
     }
 }
 

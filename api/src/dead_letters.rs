@@ -131,6 +131,18 @@ pub async fn replay_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<DeadLetterRow>, ApiError> {
+    if state.jetstream.is_none() {
+        // Without a broker nothing can be replayed; say so before judging
+        // the row itself (only a missing row or one without an id, which
+        // could never be replayed anywhere, come first).
+        let row = find(&state, id).await?;
+        if row.message_id.is_none() {
+            return Err(ApiError::Conflict(
+                ReplayError::<ApiError>::NoMessageId(id).to_string(),
+            ));
+        }
+        return Err(no_broker());
+    }
     let row = DeadLetter::replay(&state.db, id, |replay| publish(&state, replay))
         .await
         .map_err(|e| match e {
@@ -142,13 +154,13 @@ pub async fn replay_dead_letter(
     Ok(Json(row.into()))
 }
 
+fn no_broker() -> ApiError {
+    ApiError::Unavailable("replay needs NATS, which this API process is not connected to".into())
+}
+
 /// Sends `replay` to its consumer's replay subject and waits for JetStream.
 async fn publish(state: &AppState, replay: Replay) -> Result<(), ApiError> {
-    let js = state.jetstream.as_ref().ok_or_else(|| {
-        ApiError::Unavailable(
-            "replay needs NATS, which this API process is not connected to".into(),
-        )
-    })?;
+    let js = state.jetstream.as_ref().ok_or_else(no_broker)?;
     let replay_subject = state
         .config
         .replay_subjects

@@ -94,6 +94,6 @@ pub async fn run(command: Commands, loaded: &Loaded) -> Result<()> {
             }
             Ok(())
         }
-        Commands::Publish(args) => publish::run(&settings.nats_url, &args).await,
+        Commands::Publish(args) => publish::run(settings, &args).await,
     }
 }

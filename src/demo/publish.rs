@@ -24,8 +24,9 @@ pub struct PublishArgs {
 }
 
 /// Publishes and waits for every PubAck.
-pub async fn run(nats_url: &str, args: &PublishArgs) -> Result<()> {
-    let js = jetstream::new(crate::nats::connect(nats_url).await?);
+pub async fn run(settings: &crate::config::Settings, args: &PublishArgs) -> Result<()> {
+    let nats = crate::nats::connect_with(settings, false).await?;
+    let js = jetstream::new(nats.client);
     let prefix = args
         .id
         .clone()

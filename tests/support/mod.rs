@@ -169,4 +169,5 @@ pub mod nats;
 pub mod process;
 pub mod proxy;
 pub mod rows;
+pub mod tls;
 pub mod webhook;

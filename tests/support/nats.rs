@@ -8,6 +8,8 @@ pub struct NatsServer {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
+    /// A configuration file the server runs with instead of the defaults.
+    config: Option<std::path::PathBuf>,
 }
 
 fn binary() -> String {
@@ -30,9 +32,51 @@ impl NatsServer {
             child: None,
             port: free_port(),
             dir: tempfile::tempdir().unwrap(),
+            config: None,
         };
         server.spawn().await;
         server
+    }
+
+    /// Starts a server with the configuration `make(port, dir)` returns (TLS,
+    /// users, permissions); `dir` is the server's own folder, for its store
+    /// and files. Ready once it accepts TCP connections (a handshake would
+    /// need the credentials the configuration asks for).
+    pub async fn start_with_config(make: impl FnOnce(u16, &std::path::Path) -> String) -> Self {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nats.conf");
+        std::fs::write(&path, make(port, dir.path())).unwrap();
+        let child = Command::new(binary())
+            .arg("-c")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server did not start with {}",
+                path.display()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Self {
+            child: Some(child),
+            port,
+            dir,
+            config: Some(path),
+        }
+    }
+
+    /// The server's own folder (store, configuration, certificates).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub fn url(&self) -> String {
@@ -84,6 +128,10 @@ impl NatsServer {
 
     /// Starts it again on the same port with the same store.
     pub async fn restart(&mut self) {
+        assert!(
+            self.config.is_none(),
+            "restart runs the default configuration"
+        );
         self.stop();
         self.spawn().await;
     }

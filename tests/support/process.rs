@@ -13,16 +13,16 @@ pub struct Seawall {
 impl Seawall {
     /// Starts `seawall <args>` with the given environment (plus
     /// `SEAWALL_LOG=info`). The long-running roles (`run`, `relay`,
-    /// `consume`, `api`) run the test domain, through the `testbed` example
-    /// (the same `Application` as `seawall`, on the ledger of
-    /// `support::domain`); the other commands run `seawall` itself.
+    /// `consume`, `api`) run the test domain, through `seawall-testbed` (the
+    /// same `Application` as `seawall`, on the ledger of `support::domain`);
+    /// the other commands run `seawall` itself.
     pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("seawall.log");
         let file = std::fs::File::create(&log).unwrap();
         let program = match args.first() {
-            Some(&("run" | "relay" | "consume" | "api")) => testbed(),
-            _ => std::path::PathBuf::from(env!("CARGO_BIN_EXE_seawall")),
+            Some(&("run" | "relay" | "consume" | "api")) => env!("CARGO_BIN_EXE_seawall-testbed"),
+            _ => env!("CARGO_BIN_EXE_seawall"),
         };
         let mut cmd = Command::new(program);
         cmd.args(args)
@@ -91,22 +91,4 @@ impl Seawall {
         let log = self.log_text();
         assert!(!log.contains("panicked"), "seawall panicked:\n{log}");
     }
-}
-
-/// The `testbed` example binary, built with the tests (`cargo test` and
-/// nextest build examples): `target/<profile>/examples/testbed`, next to the
-/// `deps` folder this test binary runs from.
-pub fn testbed() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("a target/<profile>/deps layout");
-    let path = profile.join("examples").join("testbed");
-    assert!(
-        path.is_file(),
-        "{} is missing: build it with `cargo build --examples` (the suite does)",
-        path.display()
-    );
-    path
 }

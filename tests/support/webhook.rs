@@ -66,15 +66,15 @@ impl WebhookServer {
             "https://localhost:{}/hook",
             tcp.local_addr().unwrap().port()
         );
-        let (ca, leaf, leaf_key) = certificates();
-        std::fs::write(ca_pem, ca).unwrap();
+        let certs = crate::support::tls::TestCerts::new();
+        std::fs::write(ca_pem, &certs.ca_pem).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
-        .with_single_cert(vec![leaf], leaf_key)
+        .with_single_cert(vec![certs.cert_der], certs.key_der)
         .unwrap();
         let listener = TlsListener {
             tcp,
@@ -97,30 +97,6 @@ impl WebhookServer {
     pub fn total_calls(&self) -> usize {
         self.calls().values().sum()
     }
-}
-
-/// A CA (PEM) and a certificate for `localhost` it signed, with its key.
-fn certificates() -> (
-    String,
-    rustls::pki_types::CertificateDer<'static>,
-    rustls::pki_types::PrivateKeyDer<'static>,
-) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "seawall test CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
-        .unwrap()
-        .signed_by(&leaf_key, &issuer)
-        .unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
-    (ca_cert.pem(), leaf.der().clone(), key)
 }
 
 /// TLS on top of a TCP listener, for `axum::serve`.

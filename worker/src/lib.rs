@@ -12,6 +12,7 @@
 //! - [`maintenance`]: the claim sweeper and the retention pruner loops.
 //! - [`drain`]: wait until everything in flight has settled (for tests).
 //! - [`fault`]: fault points crash tests arm through the configuration.
+//! - [`server_errors`]: what the NATS server reported on its own (permission violations).
 
 pub mod consumer;
 pub mod drain;
@@ -19,10 +20,12 @@ pub mod fault;
 pub mod maintenance;
 pub mod notify;
 pub mod relay;
+pub mod server_errors;
 pub mod streams;
 
 pub use consumer::{Consumer, ConsumerConfig};
 pub use drain::drain;
 pub use fault::FaultPoint;
 pub use relay::{Relay, RelayConfig, RelayReport};
+pub use server_errors::ServerErrors;
 pub use streams::{StreamSpec, check_duplicate_window, ensure_stream};

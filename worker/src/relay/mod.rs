@@ -55,6 +55,9 @@ pub struct RelayConfig {
     pub listen: bool,
     /// A point to abort at (crash tests); `None` in production.
     pub fault: Option<crate::FaultPoint>,
+    /// The connection's server errors, so a publish refused for lack of
+    /// permission records the server's reason (see [`crate::ServerErrors`]).
+    pub server_errors: Option<crate::ServerErrors>,
 }
 
 impl Default for RelayConfig {
@@ -70,6 +73,7 @@ impl Default for RelayConfig {
             retry_max: Duration::from_secs(60),
             listen: true,
             fault: None,
+            server_errors: None,
         }
     }
 }
@@ -221,6 +225,7 @@ impl Relay {
             unpublished.extend(chain.skipped);
             if let Some((row, error)) = chain.failed {
                 report.failed += 1;
+                let error = self.explain(&row.subject, error);
                 let retry_after = self.backoff(row.attempts);
                 if batch
                     .mark_failed(&row, &error, retry_after, self.config.max_attempts)
@@ -236,6 +241,20 @@ impl Relay {
         report.published =
             usize::try_from(batch.mark_published(published).await?).unwrap_or(usize::MAX);
         Ok(unpublished)
+    }
+
+    /// `error`, with the server's own reason in front when it refused the
+    /// publish for lack of permission (the client only saw a timeout).
+    fn explain(&self, subject: &str, error: String) -> String {
+        let violation = self
+            .config
+            .server_errors
+            .as_ref()
+            .and_then(|errors| errors.publish_violation(subject));
+        match violation {
+            Some(reason) => format!("{reason} ({error})"),
+            None => error,
+        }
     }
 
     /// Publishes a key's rows one after another, stopping at the first

@@ -1,5 +1,6 @@
-//! The platform's long-running roles on the test-only ledger domain of
-//! `tests/support/domain.rs`: `testbed run|relay|consume|api`, configured
+//! `seawall-testbed`: the platform's long-running roles on the test-only
+//! ledger domain of `tests/support/domain.rs`: `seawall-testbed
+//! run|relay|consume|api`, configured
 //! like `seawall` (`SEAWALL_*`), plus two knobs of the domain's own:
 //! `TESTBED_WORK_MS` (a slow handler) and `TESTBED_WEBHOOK_URL` (the `hook`
 //! consumer, a two-phase claim that POSTs each recorded entry).
@@ -8,7 +9,7 @@
 //! `seawall`, whose domain is the demo a fork replaces; it is also the
 //! smallest example of a service assembled from seawall's parts.
 
-#[path = "../tests/support/domain.rs"]
+#[path = "../support/domain.rs"]
 #[allow(dead_code)]
 mod domain;
 
@@ -33,7 +34,7 @@ async fn run() -> Result<()> {
         Some("relay") => Roles::RELAY,
         Some("consume") => Roles::CONSUME,
         Some("api") => Roles::API,
-        other => bail!("usage: testbed run|relay|consume|api (got {other:?})"),
+        other => bail!("usage: seawall-testbed run|relay|consume|api (got {other:?})"),
     };
     let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
     let settings = seawall::config::load(config.as_deref())?.settings;
