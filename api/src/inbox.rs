@@ -10,11 +10,12 @@ use entity::inbox_message;
 use service::ClaimState;
 use service::admin::{self, Cursor, MarkerFilter};
 use service::claim::Release;
+use service::stuck::{self, ClaimReason};
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Path, Query};
-use crate::page::{Page, limit};
+use crate::page::{Page, Reason, limit};
 
 /// State of an inbox marker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -61,6 +62,8 @@ pub struct InboxRow {
     pub attempts: i32,
     pub result: Option<String>,
     pub quarantined_at: Option<DateTime<Utc>>,
+    /// Why the claim is not done (absent once processed).
+    pub reason: Option<Reason>,
 }
 
 impl From<ClaimState> for InboxState {
@@ -85,8 +88,9 @@ impl From<InboxState> for ClaimState {
     }
 }
 
-fn row(m: inbox_message::Model, now: DateTime<Utc>) -> InboxRow {
+fn row(m: inbox_message::Model, now: DateTime<Utc>, reason: Option<&ClaimReason>) -> InboxRow {
     InboxRow {
+        reason: reason.map(Reason::from),
         state: ClaimState::of(&m, now).into(),
         id: m.id,
         message_id: m.message_id,
@@ -121,7 +125,14 @@ pub async fn list_inbox(
         limit,
     };
     let rows = admin::markers(&state.db, &filter, cursor, now).await?;
-    let rows = rows.into_iter().map(|m| row(m, now)).collect();
+    let reasons = stuck::claim_reasons(&state.db, &rows, now).await?;
+    let rows = rows
+        .into_iter()
+        .map(|m| {
+            let reason = reasons.get(&m.id);
+            row(m, now, reason)
+        })
+        .collect();
     Ok(Json(Page::from_rows(rows, limit, |r: &InboxRow| r.id)))
 }
 
@@ -135,7 +146,12 @@ pub async fn release_claim(
     Path(id): Path<i64>,
 ) -> Result<Json<InboxRow>, ApiError> {
     match service::claim::release(&state.db, id).await? {
-        Release::Released(m) => Ok(Json(row(*m, Utc::now()))),
+        Release::Released(m) => {
+            let now = Utc::now();
+            let reasons = stuck::claim_reasons(&state.db, std::slice::from_ref(&*m), now).await?;
+            let reason = reasons.get(&m.id).cloned();
+            Ok(Json(row(*m, now, reason.as_ref())))
+        }
         Release::NotFound => Err(ApiError::NotFound(format!("no inbox marker with id {id}"))),
         Release::Processed => Err(ApiError::Conflict(format!(
             "inbox marker {id} is processed; there is no claim to release"

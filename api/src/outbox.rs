@@ -9,12 +9,13 @@ use utoipa::{IntoParams, ToSchema};
 
 use entity::outbox_message;
 use service::admin::{self, Cursor, OutboxFilter, TimeRange};
+use service::stuck::{self, OutboxReason};
 use service::{Outbox, OutboxState};
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json as Body, Path, Query};
-use crate::page::{Page, limit};
+use crate::page::{Page, Reason, limit};
 
 /// Publication state of an outbox row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -62,6 +63,8 @@ pub struct OutboxRow {
     pub last_error: Option<String>,
     pub next_attempt_at: DateTime<Utc>,
     pub dead_at: Option<DateTime<Utc>>,
+    /// Why it has not been published yet (absent once it is).
+    pub reason: Option<Reason>,
 }
 
 /// An outbox row with payload and headers.
@@ -114,9 +117,10 @@ impl From<OutboxStatus> for OutboxState {
     }
 }
 
-impl From<outbox_message::Model> for OutboxRow {
-    fn from(m: outbox_message::Model) -> Self {
+impl OutboxRow {
+    fn new(m: outbox_message::Model, reason: Option<&OutboxReason>) -> Self {
         Self {
+            reason: reason.map(Reason::from),
             status: OutboxState::of(&m).into(),
             id: m.id,
             message_id: m.message_id,
@@ -167,8 +171,22 @@ pub async fn list_outbox(
         limit,
     };
     let rows = admin::outbox_rows(&state.db, &filter, cursor).await?;
-    let rows = rows.into_iter().map(OutboxRow::from).collect();
+    let reasons = stuck::outbox_reasons(&state.db, &rows, Utc::now()).await?;
+    let rows = rows
+        .into_iter()
+        .map(|m| {
+            let reason = reasons.get(&m.id);
+            OutboxRow::new(m, reason)
+        })
+        .collect();
     Ok(Json(Page::from_rows(rows, limit, |r: &OutboxRow| r.id)))
+}
+
+/// The row as the API shows it, with why it is not moving.
+async fn with_reason(state: &AppState, m: outbox_message::Model) -> Result<OutboxRow, ApiError> {
+    let reasons = stuck::outbox_reasons(&state.db, std::slice::from_ref(&m), Utc::now()).await?;
+    let reason = reasons.get(&m.id).cloned();
+    Ok(OutboxRow::new(m, reason.as_ref()))
 }
 
 async fn find(state: &AppState, id: i64) -> Result<outbox_message::Model, ApiError> {
@@ -188,7 +206,7 @@ pub async fn get_outbox(
     let (payload, payload_encoding) = encode_payload(&m.payload);
     let headers = m.headers.clone();
     Ok(Json(OutboxDetail {
-        row: m.into(),
+        row: with_reason(&state, m).await?,
         payload,
         payload_encoding,
         headers,
@@ -213,7 +231,7 @@ pub async fn retry_outbox(
         ..OutboxFilter::default()
     };
     retry(&state, &one).await?;
-    Ok(Json(find(&state, id).await?.into()))
+    Ok(Json(with_reason(&state, find(&state, id).await?).await?))
 }
 
 /// Makes every dead row matching the filter publishable again.

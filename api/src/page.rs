@@ -25,6 +25,35 @@ pub fn limit(requested: Option<u64>) -> Result<u64, ApiError> {
     }
 }
 
+/// Why a row is not moving (absent once it is done): a stable `code` to
+/// filter on and a sentence for a person.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Reason {
+    /// `ready`, `held`, `backing_off`, `no_stream`, `behind` or `dead` for
+    /// outbox rows; `held`, `expired` or `quarantined` for claims.
+    pub code: String,
+    /// What holds it, until when, and what to do.
+    pub text: String,
+}
+
+impl From<&service::stuck::OutboxReason> for Reason {
+    fn from(reason: &service::stuck::OutboxReason) -> Self {
+        Self {
+            code: reason.code().to_owned(),
+            text: reason.to_string(),
+        }
+    }
+}
+
+impl From<&service::stuck::ClaimReason> for Reason {
+    fn from(reason: &service::stuck::ClaimReason) -> Self {
+        Self {
+            code: reason.code().to_owned(),
+            text: reason.to_string(),
+        }
+    }
+}
+
 /// A page of results, newest first. Pass `next_after` as `after` to get the
 /// next page; it is absent on the last page.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -20,6 +20,7 @@
 //! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.
 //! - [`admin`]: what operators list and change (filters, retry, replay, delete).
 //! - [`stats`]: counts by table and state, for operators.
+//! - [`stuck`]: why a row is not moving, for a page of rows at once.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
 pub mod admin;
@@ -38,6 +39,7 @@ pub mod registry;
 pub mod retention;
 pub mod state;
 pub mod stats;
+pub mod stuck;
 pub mod sweep;
 
 pub use backoff::Backoff;

@@ -8,4 +8,5 @@ mod endpoints;
 mod harness;
 mod local;
 mod openapi;
+mod reasons;
 mod schemathesis;
