@@ -40,6 +40,7 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
             &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0],
         )?
         .install_recorder()?;
+    describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
@@ -49,6 +50,36 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         }
     });
     Ok(handle)
+}
+
+/// The counters the shipped alert rules (`deploy/prometheus/alerts.yml`)
+/// watch, described and started at zero: a counter that has never moved is
+/// otherwise absent from the scrape, and `increase()` over an absent series
+/// says nothing rather than "none yet".
+fn describe() {
+    metrics::describe_counter!(
+        "seawall_dead_letters_total",
+        "Messages a consumer gave up on (recorded in dead_letter)."
+    );
+    metrics::describe_counter!(
+        "seawall_executor_exhausted_total",
+        "Units of work whose transient errors outlasted the retry policy."
+    );
+    metrics::describe_counter!(
+        "seawall_claims_quarantined_total",
+        "Claims the sweeper quarantined after too many abandoned attempts."
+    );
+    metrics::describe_counter!(
+        "seawall_consumer_messages_total",
+        "Deliveries handled, by consumer and outcome (processed, duplicate, failed)."
+    );
+    metrics::describe_gauge!(
+        "seawall_relay_heartbeat_timestamp_seconds",
+        "Unix time of this process's last relay round that reached the database."
+    );
+    metrics::counter!("seawall_dead_letters_total").increment(0);
+    metrics::counter!("seawall_executor_exhausted_total").increment(0);
+    metrics::counter!("seawall_claims_quarantined_total").increment(0);
 }
 
 /// Prometheus text: refreshed table gauges plus everything recorded.

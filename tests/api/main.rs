@@ -3,6 +3,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alerts;
 mod browser;
 mod endpoints;
 mod harness;

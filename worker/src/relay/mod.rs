@@ -336,6 +336,10 @@ impl Relay {
             }
             let full = match self.relay_once().await {
                 Ok(report) => {
+                    // Alive and able to reach the database: what the
+                    // "no relay running" alert watches.
+                    metrics::gauge!("seawall_relay_heartbeat_timestamp_seconds")
+                        .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
                     if report.claimed > 0 {
                         tracing::debug!(?report, "relay round");
                     }
