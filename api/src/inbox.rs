@@ -88,7 +88,11 @@ impl From<InboxState> for ClaimState {
     }
 }
 
-fn row(m: inbox_message::Model, now: DateTime<Utc>, reason: Option<&ClaimReason>) -> InboxRow {
+pub(crate) fn row(
+    m: inbox_message::Model,
+    now: DateTime<Utc>,
+    reason: Option<&ClaimReason>,
+) -> InboxRow {
     InboxRow {
         reason: reason.map(Reason::from),
         state: ClaimState::of(&m, now).into(),

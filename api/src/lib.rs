@@ -19,6 +19,7 @@ mod error;
 mod extract;
 mod health;
 mod inbox;
+mod journey;
 pub mod metrics;
 mod outbox;
 mod page;
@@ -162,6 +163,8 @@ fn protected() -> OpenApiRouter<AppState> {
             dead_letters::delete_dead_letter
         ))
         .routes(routes!(dead_letters::replay_dead_letter))
+        .routes(routes!(journey::get_message))
+        .routes(routes!(journey::get_correlation))
         .routes(routes!(openapi_json))
 }
 

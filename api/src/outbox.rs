@@ -118,7 +118,7 @@ impl From<OutboxStatus> for OutboxState {
 }
 
 impl OutboxRow {
-    fn new(m: outbox_message::Model, reason: Option<&OutboxReason>) -> Self {
+    pub(crate) fn new(m: outbox_message::Model, reason: Option<&OutboxReason>) -> Self {
         Self {
             reason: reason.map(Reason::from),
             status: OutboxState::of(&m).into(),

@@ -29,6 +29,13 @@ pub struct Model {
     pub locked_until: Option<DateTimeUtc>,
     /// Set when the attempt limit was reached; the row waits for a person.
     pub dead_at: Option<DateTimeUtc>,
+    /// The message whose handling wrote this row (absent outside a handler).
+    pub causation_id: Option<String>,
+    /// The consumer that handled it.
+    pub causation_consumer: Option<String>,
+    /// The conversation this row belongs to: carried from the causing
+    /// message, or this row's own message id when it starts one.
+    pub correlation_id: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

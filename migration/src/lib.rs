@@ -27,6 +27,7 @@ mod m20261130_000006_add_inbox_claim_message;
 mod m20261130_000007_create_admin_indexes;
 mod m20261130_000008_partial_outbox_indexes;
 mod m20261130_000009_create_pending_key_index;
+mod m20261201_000010_add_outbox_causation;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -85,6 +86,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000007_create_admin_indexes::Migration),
             Box::new(m20261130_000008_partial_outbox_indexes::Migration),
             Box::new(m20261130_000009_create_pending_key_index::Migration),
+            Box::new(m20261201_000010_add_outbox_causation::Migration),
         ]
     }
 }

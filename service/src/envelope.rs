@@ -14,6 +14,10 @@ pub const MAX_CONSUMER_LEN: usize = 64;
 
 /// Header carrying the producer's message id (docs/architecture.md, rule 10).
 pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
+/// Header naming the conversation a message belongs to: set on every event
+/// seawall publishes (see [`crate::outbox::Cause`]), and carried from a
+/// message to the events its handler writes.
+pub const HEADER_CORRELATION_ID: &str = "Seawall-Correlation-Id";
 /// CloudEvents binary-mode headers, used when `Nats-Msg-Id` is absent.
 pub const HEADER_CE_SOURCE: &str = "ce-source";
 /// See [`HEADER_CE_SOURCE`].
@@ -137,6 +141,14 @@ pub struct Envelope {
 }
 
 impl Envelope {
+    /// The conversation this message belongs to: its correlation header, or
+    /// its own id when it starts one.
+    pub fn correlation_id(&self) -> &str {
+        self.headers
+            .get(HEADER_CORRELATION_ID)
+            .map_or(self.message_id.as_str(), String::as_str)
+    }
+
     /// Builds an envelope whose id is already known (tests, replays, producers).
     pub fn new(
         message_id: MessageId,

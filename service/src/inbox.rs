@@ -20,6 +20,7 @@ use crate::classify::{Failure, classify};
 use crate::envelope::{ConsumerName, Envelope};
 use crate::error::{HandlerError, InboxError, InboxErrorKind};
 use crate::executor::{Executor, Unit};
+use crate::outbox::Cause;
 
 /// What happened to a message that did not fail. Both are terminal: ack it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +214,12 @@ where
             // The marker goes first: on PostgreSQL a concurrent instance then
             // blocks on the index right away instead of doing the work twice.
             record_marker(txn, self.envelope, self.consumer).await?;
-            self.handler.handle(txn, self.envelope).await
+            let cause = Cause {
+                message_id: self.envelope.message_id.to_string(),
+                consumer: self.consumer.to_string(),
+                correlation_id: self.envelope.correlation_id().to_owned(),
+            };
+            cause.scope(self.handler.handle(txn, self.envelope)).await
         })
     }
 }

@@ -21,6 +21,7 @@
 //! - [`admin`]: what operators list and change (filters, retry, replay, delete).
 //! - [`stats`]: counts by table and state, for operators.
 //! - [`stuck`]: why a row is not moving, for a page of rows at once.
+//! - [`journey`]: what the database knows of a message and what it caused.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
 pub mod admin;
@@ -34,6 +35,7 @@ pub mod envelope;
 mod error;
 pub mod executor;
 pub mod inbox;
+pub mod journey;
 pub mod outbox;
 pub mod registry;
 pub mod retention;

@@ -15,6 +15,8 @@ use sea_orm::{
 
 use entity::outbox_message;
 
+use crate::envelope::HEADER_CORRELATION_ID;
+
 /// An event to publish once the surrounding transaction commits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEvent {
@@ -186,13 +188,53 @@ impl Outbox {
     }
 }
 
+/// The message whose handler is running: every event it enqueues records
+/// it (`causation_id`, `causation_consumer`) and carries its conversation
+/// (`correlation_id`, also sent as the [`HEADER_CORRELATION_ID`] header), so
+/// a message's journey can be followed from one service to the next.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    /// The message being handled.
+    pub message_id: String,
+    /// The consumer handling it.
+    pub consumer: String,
+    /// Its conversation.
+    pub correlation_id: String,
+}
+
+tokio::task_local! {
+    static CAUSE: Cause;
+}
+
+impl Cause {
+    /// Runs `work` (a handler) with `self` as the cause of what it enqueues.
+    pub async fn scope<F: Future>(self, work: F) -> F::Output {
+        CAUSE.scope(self, work).await
+    }
+
+    fn current() -> Option<Self> {
+        CAUSE.try_with(Clone::clone).ok()
+    }
+}
+
 /// Rows per multi-row insert: 14 bind values each stay well below SQLite's
 /// 32,766 and PostgreSQL's 65,535 parameters per statement.
 pub const ROWS_PER_INSERT: usize = 1_000;
 
 /// The pending outbox row for `event`, publishable from `now`.
-fn row(event: NewEvent, now: DateTime<Utc>) -> Result<outbox_message::ActiveModel, OutboxError> {
+fn row(
+    mut event: NewEvent,
+    now: DateTime<Utc>,
+) -> Result<outbox_message::ActiveModel, OutboxError> {
     event.validate()?;
+    let cause = Cause::current();
+    let correlation = cause
+        .as_ref()
+        .map_or_else(|| event.message_id.clone(), |c| c.correlation_id.clone());
+    event
+        .headers
+        .entry(HEADER_CORRELATION_ID.to_owned())
+        .or_insert_with(|| correlation.clone());
     let headers = serde_json::to_value(&event.headers).map_err(|e| DbErr::Json(e.to_string()))?;
     Ok(outbox_message::ActiveModel {
         id: NotSet,
@@ -209,5 +251,8 @@ fn row(event: NewEvent, now: DateTime<Utc>) -> Result<outbox_message::ActiveMode
         locked_by: Set(None),
         locked_until: Set(None),
         dead_at: Set(None),
+        causation_id: Set(cause.as_ref().map(|c| c.message_id.clone())),
+        causation_consumer: Set(cause.map(|c| c.consumer)),
+        correlation_id: Set(Some(correlation)),
     })
 }

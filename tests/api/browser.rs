@@ -63,12 +63,19 @@ async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
         .id;
 
     let screenshot = std::env::temp_dir().join("seawall-dashboard.png");
+    let journey = std::env::temp_dir().join("seawall-journey.png");
     let out = tokio::process::Command::new(python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/api/dashboard_check.py"
         ))
-        .args([&base, TOKEN, &id.to_string(), screenshot.to_str().unwrap()])
+        .args([
+            &base,
+            TOKEN,
+            &id.to_string(),
+            screenshot.to_str().unwrap(),
+            journey.to_str().unwrap(),
+        ])
         .output()
         .await
         .unwrap();
@@ -78,7 +85,11 @@ async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("dashboard screenshot: {}", screenshot.display());
+    eprintln!(
+        "dashboard screenshots: {} {}",
+        screenshot.display(),
+        journey.display()
+    );
 
     wait_until(
         "the replayed credit to be applied",

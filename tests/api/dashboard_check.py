@@ -1,10 +1,11 @@
 """Drives the seawall dashboard in headless Chromium.
 
-Usage: dashboard_check.py BASE_URL TOKEN DEAD_LETTER_ID SCREENSHOT
+Usage: dashboard_check.py BASE_URL TOKEN DEAD_LETTER_ID SCREENSHOT JOURNEY_SCREENSHOT
 
 Loads the page, enters the token, checks that the cards show the numbers the
-API reports, clicks the replay button of the given dead letter, and waits for
-the page to confirm it. Exits non-zero with a message on any mismatch.
+API reports, clicks the replay button of the given dead letter, waits for the
+page to confirm it, then opens the replayed message's journey and waits until
+it shows the message processed. Exits non-zero with a message on any mismatch.
 """
 import json
 import os
@@ -13,7 +14,7 @@ import urllib.request
 
 from playwright.sync_api import sync_playwright
 
-base, token, dead_letter_id, screenshot = sys.argv[1:5]
+base, token, dead_letter_id, screenshot, journey_screenshot = sys.argv[1:6]
 
 
 def api(path):
@@ -58,5 +59,18 @@ with sync_playwright() as p:
     page.wait_for_selector(button, timeout=10000)
     page.click(button)
     page.wait_for_function("document.getElementById('status').textContent.includes('Replay done')", timeout=15000)
+    # The replayed message's journey: searched by id, shown as a timeline
+    # once its consumer has processed it.
+    message_id = api("/dead-letters/" + dead_letter_id)["message_id"]
+    page.fill("#journey-id", message_id)
+    try:
+        page.wait_for_function(
+            "(id) => { const done = document.getElementById('journey').innerText.includes('processed ' + id);"
+            " if (!done) showJourney(); return done; }",
+            arg=message_id, polling=500, timeout=30000)
+    except Exception:
+        sys.exit("the journey of " + message_id + " never showed it processed; it shows:\n"
+                 + page.inner_text("#journey"))
+    page.locator("#journey").screenshot(path=journey_screenshot)
     browser.close()
 print("dashboard ok")

@@ -125,6 +125,9 @@ pub fn outbox_row(
         locked_by: Set(None),
         locked_until: Set(None),
         dead_at: Set((status == "dead").then_some(at)),
+        causation_id: Set(None),
+        causation_consumer: Set(None),
+        correlation_id: Set(None),
     }
 }
 

@@ -7,6 +7,7 @@ mod support;
 mod deliveries;
 mod e2e;
 mod helpers;
+mod journey;
 mod nats_secure;
 mod poison;
 mod races;

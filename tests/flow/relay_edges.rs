@@ -44,6 +44,9 @@ async fn insert_raw(
         locked_by: Set(None),
         locked_until: Set(None),
         dead_at: Set(None),
+        causation_id: Set(None),
+        causation_consumer: Set(None),
+        correlation_id: Set(None),
     })
     .exec_without_returning(db)
     .await

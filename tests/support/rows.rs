@@ -42,5 +42,8 @@ pub fn event(message_id: String, at: DateTime<Utc>) -> outbox_message::ActiveMod
         locked_by: Set(None),
         locked_until: Set(None),
         dead_at: Set(None),
+        causation_id: Set(None),
+        causation_consumer: Set(None),
+        correlation_id: Set(None),
     }
 }

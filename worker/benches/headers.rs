@@ -21,6 +21,9 @@ fn rows() -> Vec<(&'static str, outbox_message::Model)> {
         locked_by: None,
         locked_until: None,
         dead_at: None,
+        causation_id: None,
+        causation_consumer: None,
+        correlation_id: None,
     };
     vec![
         ("no headers, 256 B", row(serde_json::json!({}), 256)),
