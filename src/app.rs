@@ -17,7 +17,6 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 use service::retention::PruneConfig;
 use service::{Executor, Inbox, Registry};
@@ -262,19 +261,14 @@ fn replay_subjects(domain: &Domain) -> HashMap<String, String> {
         .collect()
 }
 
-/// What every seawall binary does first: logs to stderr filtered by
-/// `SEAWALL_LOG` (default `warn`), and rustls's ring provider installed
-/// (reqwest, used by webhooks, brings none of its own; ring is the one sqlx
-/// and async-nats already build).
-pub fn init() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("SEAWALL_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init()
-        .ok();
+/// What every seawall binary does first: logs and traces (see
+/// [`crate::telemetry`]), and rustls's ring provider installed (reqwest,
+/// used by webhooks, brings none of its own; ring is the one sqlx and
+/// async-nats already build). Hold the result until the process ends: it
+/// flushes the traces not yet exported.
+pub fn init() -> crate::telemetry::Telemetry {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::telemetry::init()
 }
 
 /// How a seawall binary ends: success, or one line with the cause chain on
@@ -304,10 +298,14 @@ pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<
     } else {
         "off".into()
     };
-    eprintln!(
-        "seawall is running (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
-        roles.relay, roles.consume
-    );
+    if crate::telemetry::json_logs() {
+        tracing::info!(relay = roles.relay, consume = roles.consume, %api, "seawall is running");
+    } else {
+        eprintln!(
+            "seawall is running (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
+            roles.relay, roles.consume
+        );
+    }
     app.run_until(stop_on_signal()).await
 }
 

@@ -8,6 +8,7 @@
 //!   [`Settings::consumer`], [`Settings::claim_policy`], ...).
 //! - [`app`]: the [`Application`], which builds a process for some [`Roles`] and
 //!   a [`Domain`] and runs it until told to stop.
+//! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP.
 //! - [`nats`]: connecting to NATS from a URL setting.
 //! - [`webhook`]: an effect that POSTs events to a URL, for two-phase claims.
 //! - [`demo`]: the example domain and its commands (`docs/fork.md` replaces it).
@@ -21,6 +22,7 @@ pub mod app;
 pub mod config;
 pub mod demo;
 pub mod nats;
+pub mod telemetry;
 pub mod webhook;
 
 pub use app::{Application, Domain, Roles};

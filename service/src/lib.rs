@@ -21,6 +21,7 @@
 //! - [`admin`]: what operators list and change (filters, retry, replay, delete).
 //! - [`stats`]: counts by table and state, for operators.
 //! - [`stuck`]: why a row is not moving, for a page of rows at once.
+//! - [`trace`]: W3C trace context through the outbox.
 //! - [`journey`]: what the database knows of a message and what it caused.
 //! - [`db`]: opening a database with the settings the inbox relies on.
 
@@ -43,6 +44,7 @@ pub mod state;
 pub mod stats;
 pub mod stuck;
 pub mod sweep;
+pub mod trace;
 
 pub use backoff::Backoff;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};

@@ -235,6 +235,8 @@ fn row(
         .headers
         .entry(HEADER_CORRELATION_ID.to_owned())
         .or_insert_with(|| correlation.clone());
+    // The event belongs to the trace of the message whose handler wrote it.
+    crate::trace::inject_current(&mut event.headers);
     let headers = serde_json::to_value(&event.headers).map_err(|e| DbErr::Json(e.to_string()))?;
     Ok(outbox_message::ActiveModel {
         id: NotSet,

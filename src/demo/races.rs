@@ -154,7 +154,7 @@ async fn rollback(
     let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            service::demo::credits::apply_credit(txn, &env.message_id, &req, None).await?;
+            service::demo::credits::apply_credit(txn, &env.message_id, &req).await?;
             Err(HandlerError::Failed(
                 "the payment provider said no after the writes".into(),
             ))

@@ -88,7 +88,8 @@ async fn relay_and_consumer_survive_a_nats_restart() {
 }
 
 /// The W3C trace context of a request travels through the inbox, the outbox
-/// and the relay onto the event it caused.
+/// and the relay onto the event it caused: the same trace, a span of its
+/// own (the relay's publish), and the request's baggage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_trace_context_travels_from_request_to_event() {
     let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
@@ -98,7 +99,8 @@ async fn the_trace_context_travels_from_request_to_event() {
     let msg = async_nats::jetstream::message::PublishMessage::build()
         .payload(payload.into())
         .message_id("traced-1")
-        .header("traceparent", parent);
+        .header("traceparent", parent)
+        .header("baggage", "tenant=acme");
     js.send_publish("ledger.record", msg)
         .await
         .unwrap()
@@ -110,13 +112,14 @@ async fn the_trace_context_travels_from_request_to_event() {
     let last = stream.info().await.unwrap().state.last_sequence;
     let event = stream.get_raw_message(last).await.unwrap();
     assert_eq!(event.subject.as_str(), "ledger.recorded");
+    let header = |name: &str| event.headers.get(name).map(|v| v.to_string());
+    let traceparent = header("traceparent").expect("the event carries a trace context");
     assert_eq!(
-        event
-            .headers
-            .get("traceparent")
-            .map(|v| v.to_string())
-            .as_deref(),
-        Some(parent)
+        &traceparent[..36],
+        &parent[..36],
+        "same trace: {traceparent}"
     );
+    assert_ne!(traceparent, parent, "a span of its own: {traceparent}");
+    assert_eq!(header("baggage").as_deref(), Some("tenant=acme"));
     assert!(run.terminate().await.success());
 }

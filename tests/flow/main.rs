@@ -9,6 +9,7 @@ mod e2e;
 mod helpers;
 mod journey;
 mod nats_secure;
+mod otel;
 mod poison;
 mod races;
 mod relay;

@@ -146,25 +146,12 @@ pub struct Recorded {
     pub balance: i64,
 }
 
-/// W3C trace-context header, carried from request to event.
-pub const TRACEPARENT: &str = "traceparent";
-
 /// Records `req` on `txn`: the entry, the balance and the `ledger.recorded`
 /// event (ordered per account).
 pub async fn record(
     txn: &DatabaseTransaction,
     message_id: &MessageId,
     req: &EntryRequest,
-) -> Result<Recorded, HandlerError> {
-    record_traced(txn, message_id, req, None).await
-}
-
-/// [`record`], the event carrying the request's `traceparent`.
-pub async fn record_traced(
-    txn: &DatabaseTransaction,
-    message_id: &MessageId,
-    req: &EntryRequest,
-    traceparent: Option<&str>,
 ) -> Result<Recorded, HandlerError> {
     entry::Entity::insert(entry::ActiveModel {
         id: NotSet,
@@ -183,11 +170,7 @@ pub async fn record_traced(
         balance,
     };
     let payload = serde_json::to_vec(&recorded).map_err(|e| DbErr::Json(e.to_string()))?;
-    let mut event =
-        NewEvent::new(RECORDED_SUBJECT, payload).with_ordering_key(req.account_id.clone());
-    if let Some(parent) = traceparent {
-        event = event.with_header(TRACEPARENT, parent);
-    }
+    let event = NewEvent::new(RECORDED_SUBJECT, payload).with_ordering_key(req.account_id.clone());
     Outbox::enqueue(txn, event).await?;
     Ok(recorded)
 }
@@ -244,8 +227,7 @@ impl Handle<Recorded> for LedgerHandler {
     ) -> BoxFuture<'a, Result<Recorded, HandlerError>> {
         Box::pin(async move {
             let req = EntryRequest::parse(&envelope.payload).map_err(HandlerError::Rejected)?;
-            let parent = envelope.headers.get(TRACEPARENT).map(String::as_str);
-            let recorded = record_traced(txn, &envelope.message_id, &req, parent).await?;
+            let recorded = record(txn, &envelope.message_id, &req).await?;
             if !self.work.is_zero() {
                 tokio::time::sleep(self.work).await;
             }

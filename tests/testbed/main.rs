@@ -24,8 +24,10 @@ use service::{ConsumerName, Registry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    seawall::app::init();
-    seawall::app::exit_code(run().await)
+    let telemetry = seawall::app::init();
+    let code = seawall::app::exit_code(run().await);
+    drop(telemetry);
+    code
 }
 
 async fn run() -> Result<()> {

@@ -31,8 +31,6 @@ pub const CREDITS_STREAM: &str = "CREDITS";
 pub const REQUESTED_SUBJECT: &str = "credits.requested";
 /// Subject of the events the handler emits.
 pub const APPLIED_SUBJECT: &str = "credits.applied";
-/// W3C trace-context header carried from request to event.
-pub const TRACEPARENT: &str = "traceparent";
 /// Longest accepted account id.
 pub const MAX_ACCOUNT_ID_LEN: usize = 255;
 
@@ -85,8 +83,8 @@ pub struct CreditApplied {
 }
 
 /// Applies a credit on `txn`: the credit row, the account balance (created if
-/// needed) and the `credits.applied` outbox event, which carries the request's
-/// W3C `traceparent` so a trace continues across the broker.
+/// needed) and the `credits.applied` outbox event (which the outbox puts in
+/// the request's trace).
 ///
 /// # Errors
 /// Database errors, including a unique violation of `ix_credit_reference`
@@ -95,7 +93,6 @@ pub async fn apply_credit(
     txn: &DatabaseTransaction,
     message_id: &MessageId,
     req: &CreditRequest,
-    traceparent: Option<&str>,
 ) -> Result<CreditApplied, HandlerError> {
     let now = Utc::now();
     credit::Entity::insert(credit::ActiveModel {
@@ -116,11 +113,7 @@ pub async fn apply_credit(
         balance,
     };
     let payload = serde_json::to_vec(&applied).map_err(|e| DbErr::Json(e.to_string()))?;
-    let mut event =
-        NewEvent::new(APPLIED_SUBJECT, payload).with_ordering_key(req.account_id.clone());
-    if let Some(parent) = traceparent {
-        event = event.with_header(TRACEPARENT, parent);
-    }
+    let event = NewEvent::new(APPLIED_SUBJECT, payload).with_ordering_key(req.account_id.clone());
     Outbox::enqueue(txn, event).await?;
     Ok(applied)
 }
@@ -178,8 +171,7 @@ impl Handle<CreditApplied> for CreditHandler {
     ) -> BoxFuture<'a, Result<CreditApplied, HandlerError>> {
         Box::pin(async move {
             let req = CreditRequest::parse(&envelope.payload).map_err(HandlerError::Rejected)?;
-            let parent = envelope.headers.get(TRACEPARENT).map(String::as_str);
-            let applied = apply_credit(txn, &envelope.message_id, &req, parent).await?;
+            let applied = apply_credit(txn, &envelope.message_id, &req).await?;
             if !self.work.is_zero() {
                 tokio::time::sleep(self.work).await;
             }

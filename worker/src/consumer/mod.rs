@@ -260,8 +260,8 @@ impl Consumer {
             subject = %subject,
             delivered,
             message_id = tracing::field::Empty,
-            traceparent = headers.get("traceparent").map(String::as_str).unwrap_or(""),
         );
+        service::trace::continue_from(&span, &headers);
         async {
             let envelope =
                 Envelope::from_delivery(subject.clone(), headers.clone(), msg.payload.to_vec())

@@ -115,7 +115,9 @@ impl Consumer {
             Handled::Failed { .. } => self.count("failed"),
             Handled::Held(_) | Handled::Parked | Handled::Outage(_) => {}
         }
-        match self.verdict(handled, delivered) {
+        let verdict = self.verdict(handled, delivered);
+        tracing::debug!(?verdict, delivered, "settling the delivery");
+        match verdict {
             Verdict::Ack => {
                 if let Err(err) = msg.double_ack().await {
                     tracing::warn!(error = %err, "ack not confirmed; a redelivery will be a Duplicate");

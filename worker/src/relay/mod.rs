@@ -21,6 +21,7 @@ use futures::future::join_all;
 use sea_orm::{DatabaseConnection, DbBackend, DbErr, JsonValue};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use entity::outbox_message;
 use service::outbox::{check_header, check_message_id};
@@ -287,17 +288,39 @@ impl Relay {
         payload: Vec<u8>,
     ) -> Result<(), String> {
         let started = std::time::Instant::now();
-        let message = publish_message(row, payload)?;
-        let ack: PublishAckFuture = self
-            .js
-            .send_publish(row.subject.clone(), message)
-            .await
-            .map_err(|e| format!("publish to {}: {e}", row.subject))?;
-        ack.await
-            .map_err(|e| format!("PubAck for {}: {e}", row.subject))?;
-        metrics::histogram!("seawall_relay_publish_seconds")
-            .record(started.elapsed().as_secs_f64());
-        Ok(())
+        // A child of the handler that wrote the row; the consumer on the
+        // other side becomes a child of this span.
+        let span = tracing::info_span!(
+            "outbox.publish",
+            message_id = %row.message_id,
+            subject = %row.subject,
+        );
+        let stored: BTreeMap<String, String> = row
+            .headers
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+            .collect();
+        service::trace::continue_from(&span, &stored);
+        let mut message = publish_message(row, payload)?;
+        for (name, value) in service::trace::headers_of(&span) {
+            message = message.header(name.as_str(), value.as_str());
+        }
+        async {
+            let ack: PublishAckFuture = self
+                .js
+                .send_publish(row.subject.clone(), message)
+                .await
+                .map_err(|e| format!("publish to {}: {e}", row.subject))?;
+            ack.await
+                .map_err(|e| format!("PubAck for {}: {e}", row.subject))?;
+            metrics::histogram!("seawall_relay_publish_seconds")
+                .record(started.elapsed().as_secs_f64());
+            Ok(())
+        }
+        .instrument(span)
+        .await
     }
 
     fn backoff(&self, attempts_so_far: i32) -> Duration {

@@ -38,7 +38,9 @@ async fn settled(js: &jetstream::Context, deliveries: u64) -> bool {
     let Ok(info) = consumer.info().await else {
         return false;
     };
-    info.num_pending == 0 && info.num_ack_pending == 0 && info.delivered.consumer_sequence >= deliveries
+    info.num_pending == 0
+        && info.num_ack_pending == 0
+        && info.delivered.consumer_sequence >= deliveries
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -83,11 +85,16 @@ async fn a_placed_order_is_accepted_once_even_when_delivered_twice() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    wait_until("the second delivery settled", Duration::from_secs(30), || {
-        settled(&js, 2)
-    })
+    wait_until(
+        "the second delivery settled",
+        Duration::from_secs(30),
+        || settled(&js, 2),
+    )
     .await;
     assert_eq!(orders::Entity::find().count(&t.db).await.unwrap(), 1);
     assert_eq!(inbox_message::Entity::find().count(&t.db).await.unwrap(), 1);
-    assert_eq!(outbox_message::Entity::find().count(&t.db).await.unwrap(), 1);
+    assert_eq!(
+        outbox_message::Entity::find().count(&t.db).await.unwrap(),
+        1
+    );
 }

@@ -1,0 +1,184 @@
+//! What a seawall process tells its operators: logs on stderr (text, or one
+//! JSON object per line with `trace_id` and `span_id` when
+//! `SEAWALL_LOG_FORMAT=json`, filtered by `SEAWALL_LOG`), and OpenTelemetry
+//! traces, exported over OTLP when the standard `OTEL_EXPORTER_OTLP_*`
+//! variables name an endpoint (and only then). The W3C trace-context and
+//! baggage propagators are always installed, so a trace started upstream
+//! continues through the inbox, the outbox and the relay even when this
+//! process exports nothing.
+
+use std::fmt;
+
+use opentelemetry::global;
+use opentelemetry::propagation::TextMapCompositePropagator;
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Keeps the tracer provider alive; dropping it flushes the spans not yet
+/// exported (hold it until the process ends).
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Err(err) = self.provider.shutdown() {
+            eprintln!("warning: flushing traces at exit: {err}");
+        }
+    }
+}
+
+/// Whether the standard variables name an OTLP endpoint for traces.
+fn exporting() -> bool {
+    [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ]
+    .iter()
+    .any(|key| std::env::var_os(key).is_some_and(|v| !v.is_empty()))
+}
+
+/// Whether stderr carries JSON lines only (`SEAWALL_LOG_FORMAT=json`), so
+/// nothing else may be printed there.
+pub fn json_logs() -> bool {
+    std::env::var("SEAWALL_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"))
+}
+
+/// Installs logging, propagation and tracing for this process. A second
+/// call (tests) changes nothing.
+pub fn init() -> Telemetry {
+    global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
+        Box::new(TraceContextPropagator::new()),
+        Box::new(BaggagePropagator::new()),
+    ]));
+    let mut resource = Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name("seawall");
+    }
+    let mut builder = SdkTracerProvider::builder().with_resource(resource.build());
+    if exporting() {
+        match opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+        {
+            Ok(exporter) => builder = builder.with_batch_exporter(exporter),
+            Err(err) => eprintln!("warning: traces are not exported: {err}"),
+        }
+    }
+    let provider = builder.build();
+    global::set_tracer_provider(provider.clone());
+    let tracer = provider.tracer("seawall");
+    let log_filter =
+        || EnvFilter::try_from_env("SEAWALL_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let logs = if json_logs() {
+        tracing_subscriber::fmt::layer()
+            .event_format(JsonLines)
+            .with_writer(std::io::stderr)
+            .with_filter(log_filter())
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(log_filter())
+            .boxed()
+    };
+    // Spans of seawall's own crates at info and above make the trace, what
+    // ever the log level.
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(EnvFilter::new(
+            "warn,seawall=info,service=info,worker=info,api=info",
+        ));
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
+    Telemetry { provider }
+}
+
+/// One JSON object per event: time, level, target, the event's fields, the
+/// current span's name, and its `trace_id` and `span_id` when it is traced.
+struct JsonLines;
+
+impl<S, N> FormatEvent<S, N> for JsonLines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = Map::new();
+        line.insert(
+            "timestamp".into(),
+            Value::String(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
+        );
+        line.insert(
+            "level".into(),
+            Value::String(event.metadata().level().to_string()),
+        );
+        line.insert(
+            "target".into(),
+            Value::String(event.metadata().target().to_owned()),
+        );
+        event.record(&mut Fields(&mut line));
+        if let Some(span) = ctx.lookup_current() {
+            line.insert("span".into(), Value::String(span.name().to_owned()));
+        }
+        let cx = tracing::Span::current().context();
+        let span_context = cx.span().span_context().clone();
+        if span_context.is_valid() {
+            line.insert(
+                "trace_id".into(),
+                Value::String(span_context.trace_id().to_string()),
+            );
+            line.insert(
+                "span_id".into(),
+                Value::String(span_context.span_id().to_string()),
+            );
+        }
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// An event's fields as JSON values.
+struct Fields<'a>(&'a mut Map<String, Value>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().to_owned(), Value::String(format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0
+            .insert(field.name().to_owned(), Value::String(value.to_owned()));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().to_owned(), Value::from(value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), Value::from(value));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().to_owned(), Value::from(value));
+    }
+}
