@@ -22,9 +22,11 @@ async fn the_openapi_document_lists_every_route_the_router_serves() {
     let expected: Vec<(String, String)> = [
         ("DELETE", "/api/v1/dead-letters/{id}"),
         ("GET", "/"),
+        ("GET", "/api/v1/correlations/{correlation_id}"),
         ("GET", "/api/v1/dead-letters"),
         ("GET", "/api/v1/dead-letters/{id}"),
         ("GET", "/api/v1/inbox"),
+        ("GET", "/api/v1/messages/{message_id}"),
         ("GET", "/api/v1/openapi.json"),
         ("GET", "/api/v1/outbox"),
         ("GET", "/api/v1/outbox/{id}"),
