@@ -149,17 +149,22 @@ async fn one_trace_runs_from_a_request_through_the_outbox_to_the_next_consumer()
             .cloned()
             .collect()
     };
-    let hook_consumed = |spans: &[Received]| {
-        spans
+    // Each process exports on its own schedule: wait for both ends.
+    let complete = |spans: &[Received]| {
+        let hook = spans
             .iter()
-            .any(|s| s.name == "consume" && attribute(s, "consumer") == Some("hook"))
+            .any(|s| s.name == "consume" && attribute(s, "consumer") == Some("hook"));
+        let published = spans
+            .iter()
+            .any(|s| s.service == "relay" && s.name == "outbox.publish");
+        hook && published
     };
     wait_until(
-        "the hook consumer's span in the trace",
+        "the relay's and the hook's spans",
         Duration::from_secs(60),
         || {
             let spans = in_trace();
-            async move { hook_consumed(&spans) }
+            async move { complete(&spans) }
         },
     )
     .await;
