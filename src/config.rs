@@ -440,6 +440,12 @@ impl Settings {
                 format!("unknown fault point {name:?}; one of {}", names.join(", ")),
             ));
         }
+        self.check_files()?;
+        crate::nats::check(self)
+    }
+
+    /// Every file a key names exists and is a file.
+    fn check_files(&self) -> Result<(), ConfigError> {
         for (key, path) in [
             ("webhook_ca_file", &self.webhook_ca_file),
             ("nats_creds_file", &self.nats_creds_file),
@@ -456,7 +462,7 @@ impl Settings {
                 ));
             }
         }
-        crate::nats::check(self)
+        Ok(())
     }
 }
 

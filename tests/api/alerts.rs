@@ -71,11 +71,7 @@ fn every_alert_rule_is_valid_and_fires_and_stays_quiet_as_tested() {
 async fn every_metric_an_alert_names_is_exported() {
     let t = TestDb::new(Backend::Sqlite).await;
     let nats = NatsServer::start().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let mut seawall = Seawall::spawn(
         &["run"],
         &[
@@ -86,11 +82,7 @@ async fn every_metric_an_alert_names_is_exported() {
         ],
     );
     let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    wait_until("the LEDGER stream", Duration::from_secs(30), || {
-        let js = js.clone();
-        async move { js.get_stream("LEDGER").await.is_ok() }
-    })
-    .await;
+    crate::support::wait_for_stream(&js, "LEDGER").await;
     // One message, so the per-consumer counters have a series.
     let msg = PublishMessage::build()
         .payload(br#"{"account_id":"a","amount":5}"#.to_vec().into())

@@ -11,15 +11,7 @@ use entity::dead_letter;
 use crate::harness::{TOKEN, dead};
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb, wait_until};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::{Backend, TestDb, free_port, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {

@@ -34,11 +34,7 @@ async fn a_message_journey_shows_the_chain_and_where_it_stopped(backend: Backend
     let t = TestDb::new(backend).await;
     let nats = NatsServer::start().await;
     let hook = WebhookServer::start(Duration::ZERO, 200).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let mut seawall = Seawall::spawn(
         &["run"],
         &[
@@ -50,11 +46,7 @@ async fn a_message_journey_shows_the_chain_and_where_it_stopped(backend: Backend
         ],
     );
     let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    wait_until("the LEDGER stream", Duration::from_secs(30), || {
-        let js = js.clone();
-        async move { js.get_stream("LEDGER").await.is_ok() }
-    })
-    .await;
+    crate::support::wait_for_stream(&js, "LEDGER").await;
     for (id, payload) in [
         ("journey-1", &br#"{"account_id":"a","amount":5}"#[..]),
         ("journey-bad", &b"{not json"[..]),

@@ -73,11 +73,7 @@ async fn seawall_runs_over_tls_with_a_login_and_records_a_refused_publish() {
         ),
     );
     let js = jetstream::new(admin_client(&server, &ca).await);
-    wait_until("the LEDGER stream", Duration::from_secs(30), || {
-        let js = js.clone();
-        async move { js.get_stream("LEDGER").await.is_ok() }
-    })
-    .await;
+    crate::support::wait_for_stream(&js, "LEDGER").await;
     let forbidden = {
         let mut row = rows::event("forbidden-1".into(), chrono::Utc::now());
         row.subject = Set("ledger.forbidden".into());
@@ -109,26 +105,21 @@ async fn seawall_runs_over_tls_with_a_login_and_records_a_refused_publish() {
         },
     )
     .await;
+    let forbidden = || async {
+        outbox_message::Entity::find()
+            .filter(outbox_message::Column::MessageId.eq("forbidden-1"))
+            .one(&t.db)
+            .await
+            .unwrap()
+            .unwrap()
+    };
     wait_until(
         "the refused publish recorded",
         Duration::from_secs(60),
-        || async {
-            let row = outbox_message::Entity::find()
-                .filter(outbox_message::Column::MessageId.eq("forbidden-1"))
-                .one(&t.db)
-                .await
-                .unwrap()
-                .unwrap();
-            row.attempts >= 1
-        },
+        || async { forbidden().await.attempts >= 1 },
     )
     .await;
-    let row = outbox_message::Entity::find()
-        .filter(outbox_message::Column::MessageId.eq("forbidden-1"))
-        .one(&t.db)
-        .await
-        .unwrap()
-        .unwrap();
+    let row = forbidden().await;
     let error = row.last_error.unwrap_or_default();
     assert!(row.published_at.is_none());
     assert!(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use sea_orm::ActiveValue::{NotSet, Set};
+use sea_orm::ActiveValue::Set;
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, TransactionTrait};
 use tokio::sync::Notify;
 
@@ -28,29 +28,14 @@ async fn insert_raw(
     headers: serde_json::Value,
     ordering_key: Option<&str>,
 ) {
-    let now = Utc::now();
-    outbox_message::Entity::insert(outbox_message::ActiveModel {
-        id: NotSet,
-        message_id: Set(message_id.into()),
-        subject: Set(subject.into()),
-        payload: Set(b"{}".to_vec()),
-        headers: Set(headers),
-        ordering_key: Set(ordering_key.map(Into::into)),
-        created_at: Set(now),
-        published_at: Set(None),
-        attempts: Set(0),
-        last_error: Set(None),
-        next_attempt_at: Set(now),
-        locked_by: Set(None),
-        locked_until: Set(None),
-        dead_at: Set(None),
-        causation_id: Set(None),
-        causation_consumer: Set(None),
-        correlation_id: Set(None),
-    })
-    .exec_without_returning(db)
-    .await
-    .unwrap();
+    let mut event = crate::support::rows::event(message_id.into(), Utc::now());
+    event.subject = Set(subject.into());
+    event.headers = Set(headers);
+    event.ordering_key = Set(ordering_key.map(Into::into));
+    outbox_message::Entity::insert(event)
+        .exec_without_returning(db)
+        .await
+        .unwrap();
 }
 
 async fn row(db: &DatabaseConnection, message_id: &str) -> outbox_message::Model {

@@ -124,6 +124,25 @@ pub fn http_client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// A TCP port nothing listens on right now (for a process's admin API).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until a seawall process has provisioned `stream`.
+pub async fn wait_for_stream(js: &async_nats::jetstream::Context, stream: &str) {
+    wait_until(
+        &format!("the {stream} stream"),
+        Duration::from_secs(30),
+        || async { js.get_stream(stream).await.is_ok() },
+    )
+    .await;
+}
+
 /// Polls `check` until it is true, failing the test after `timeout`.
 pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
