@@ -218,6 +218,7 @@ where
                 message_id: self.envelope.message_id.to_string(),
                 consumer: self.consumer.to_string(),
                 correlation_id: self.envelope.correlation_id().to_owned(),
+                trace: crate::trace::carried(&self.envelope.headers),
             };
             cause.scope(self.handler.handle(txn, self.envelope)).await
         })

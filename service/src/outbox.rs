@@ -200,6 +200,8 @@ pub struct Cause {
     pub consumer: String,
     /// Its conversation.
     pub correlation_id: String,
+    /// Its trace headers, passed on when this process traces nothing.
+    pub trace: BTreeMap<String, String>,
 }
 
 tokio::task_local! {
@@ -236,7 +238,8 @@ fn row(
         .entry(HEADER_CORRELATION_ID.to_owned())
         .or_insert_with(|| correlation.clone());
     // The event belongs to the trace of the message whose handler wrote it.
-    crate::trace::inject_current(&mut event.headers);
+    let carried = cause.as_ref().map(|c| c.trace.clone()).unwrap_or_default();
+    crate::trace::inject_current(&mut event.headers, &carried);
     let headers = serde_json::to_value(&event.headers).map_err(|e| DbErr::Json(e.to_string()))?;
     Ok(outbox_message::ActiveModel {
         id: NotSet,

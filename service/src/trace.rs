@@ -44,16 +44,41 @@ pub fn headers_of(span: &tracing::Span) -> BTreeMap<String, String> {
     headers
 }
 
-/// Writes the current span's trace headers into `headers`, leaving any a
-/// handler set itself alone.
-pub fn inject_current(headers: &mut BTreeMap<String, String>) {
-    for (name, value) in headers_of(&tracing::Span::current()) {
-        headers.entry(name).or_insert(value);
+/// The trace headers a message carries (`traceparent`, `tracestate`,
+/// `baggage`), passed on unchanged when this process traces nothing.
+pub fn carried(headers: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            ["traceparent", "tracestate", "baggage"]
+                .iter()
+                .any(|h| name.eq_ignore_ascii_case(h))
+        })
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.clone()))
+        .collect()
+}
+
+/// Writes the current span's trace headers into `headers`, or, when this
+/// process traces nothing, those of the message being handled (`carried`),
+/// leaving any a handler set itself alone.
+pub fn inject_current(headers: &mut BTreeMap<String, String>, carried: &BTreeMap<String, String>) {
+    let current = headers_of(&tracing::Span::current());
+    let trace = if current.is_empty() {
+        carried
+    } else {
+        &current
+    };
+    for (name, value) in trace {
+        headers.entry(name.clone()).or_insert_with(|| value.clone());
     }
 }
 
-/// Makes `span` a child of the trace `headers` carry, if they carry one.
+/// Makes `span` a child of the trace `headers` carry, if they carry one
+/// and `span` is traced.
 pub fn continue_from(span: &tracing::Span, headers: &BTreeMap<String, String>) {
+    if span.is_disabled() {
+        return;
+    }
     let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Extract(headers)));
     if opentelemetry::trace::TraceContextExt::span(&cx)
         .span_context()

@@ -88,8 +88,9 @@ async fn relay_and_consumer_survive_a_nats_restart() {
 }
 
 /// The W3C trace context of a request travels through the inbox, the outbox
-/// and the relay onto the event it caused: the same trace, a span of its
-/// own (the relay's publish), and the request's baggage.
+/// and the relay onto the event it caused, with its baggage, also in a
+/// process that traces nothing itself (no OTLP endpoint): the context
+/// passes through unchanged. `otel.rs` covers a process that exports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_trace_context_travels_from_request_to_event() {
     let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
@@ -114,12 +115,7 @@ async fn the_trace_context_travels_from_request_to_event() {
     assert_eq!(event.subject.as_str(), "ledger.recorded");
     let header = |name: &str| event.headers.get(name).map(|v| v.to_string());
     let traceparent = header("traceparent").expect("the event carries a trace context");
-    assert_eq!(
-        &traceparent[..36],
-        &parent[..36],
-        "same trace: {traceparent}"
-    );
-    assert_ne!(traceparent, parent, "a span of its own: {traceparent}");
+    assert_eq!(traceparent, parent, "passed through unchanged");
     assert_eq!(header("baggage").as_deref(), Some("tenant=acme"));
     assert!(run.terminate().await.success());
 }

@@ -295,17 +295,21 @@ impl Relay {
             message_id = %row.message_id,
             subject = %row.subject,
         );
-        let stored: BTreeMap<String, String> = row
-            .headers
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
-            .collect();
-        service::trace::continue_from(&span, &stored);
         let mut message = publish_message(row, payload)?;
-        for (name, value) in service::trace::headers_of(&span) {
-            message = message.header(name.as_str(), value.as_str());
+        // Traced only when this process exports traces; otherwise the row's
+        // trace headers go out as stored.
+        if !span.is_disabled() {
+            let stored: BTreeMap<String, String> = row
+                .headers
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                .collect();
+            service::trace::continue_from(&span, &stored);
+            for (name, value) in service::trace::headers_of(&span) {
+                message = message.header(name.as_str(), value.as_str());
+            }
         }
         async {
             let ack: PublishAckFuture = self
