@@ -62,7 +62,14 @@ pub fn carried(headers: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 /// process traces nothing, those of the message being handled (`carried`),
 /// leaving any a handler set itself alone.
 pub fn inject_current(headers: &mut BTreeMap<String, String>, carried: &BTreeMap<String, String>) {
-    let current = headers_of(&tracing::Span::current());
+    // An untraced span has no context to write: skip the propagator on the
+    // handler's hot path.
+    let span = tracing::Span::current();
+    let current = if span.is_disabled() {
+        BTreeMap::new()
+    } else {
+        headers_of(&span)
+    };
     let trace = if current.is_empty() {
         carried
     } else {
