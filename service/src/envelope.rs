@@ -143,9 +143,17 @@ pub struct Envelope {
 impl Envelope {
     /// The conversation this message belongs to: its correlation header, or
     /// its own id when it starts one.
+    ///
+    /// A header a producer wrote that could not be stored (empty, over
+    /// [`MAX_MESSAGE_ID_LEN`] bytes, or with control characters) is ignored:
+    /// the conversation then starts here rather than failing every event the
+    /// handler writes.
     pub fn correlation_id(&self) -> &str {
         self.headers
             .get(HEADER_CORRELATION_ID)
+            .filter(|id| {
+                !id.is_empty() && id.len() <= MAX_MESSAGE_ID_LEN && !id.contains(char::is_control)
+            })
             .map_or(self.message_id.as_str(), String::as_str)
     }
 
@@ -221,6 +229,21 @@ pub fn message_id_from_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_correlation_header_that_cannot_be_stored_starts_a_new_conversation() {
+        let with = |value: &str| {
+            let mut envelope = Envelope::new(MessageId::parse("m-1").unwrap(), "s", Vec::new());
+            envelope
+                .headers
+                .insert(HEADER_CORRELATION_ID.to_owned(), value.to_owned());
+            envelope.correlation_id().to_owned()
+        };
+        assert_eq!(with("c-1"), "c-1");
+        assert_eq!(with(""), "m-1");
+        assert_eq!(with(&"x".repeat(MAX_MESSAGE_ID_LEN + 1)), "m-1");
+        assert_eq!(with("a\tb"), "m-1");
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
