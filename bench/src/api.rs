@@ -1,5 +1,7 @@
-//! The admin API on big tables: p50/p95 per endpoint with 1,000,000 rows in
-//! the outbox and 1,000,000 in the inbox, on PostgreSQL.
+//! The admin API on big tables as a busy service has them: p50/p95 per
+//! endpoint with the last ~17 minutes at 1,000 messages/s (1,000,000 rows in
+//! the outbox and as many in the inbox) on top of a week of history, on
+//! PostgreSQL; and what a dashboard left open costs per refresh.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,53 +10,118 @@ use anyhow::{Context, Result};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio_util::sync::CancellationToken;
 
+use crate::cpu::CpuSample;
 use crate::pg::{self, PgServer};
 use crate::report::{Column, Figures, Report, quantile};
 
 const TOKEN: &str = "bench";
 
-/// Fills the tables with `rows` rows each, as a long-running system would
-/// have them: almost all published/processed over the last week, a few
-/// pending, dead, claimed, expired, quarantined.
-async fn fill(db: &sea_orm::DatabaseConnection, rows: u64) -> Result<()> {
-    let outbox = format!(
-        "INSERT INTO outbox_message (message_id, subject, payload, headers, ordering_key, created_at, published_at, attempts, last_error, next_attempt_at, dead_at)
-         SELECT 'm-' || g, 'events.s' || (g % 10), convert_to('{{\"n\":' || g || '}}', 'UTF8'), '{{}}'::json,
-                CASE WHEN g % 3 = 0 THEN 'key-' || (g % 1000) END,
-                now() - ((({rows} - g)::float8 / {rows}) * interval '7 days'),
-                CASE WHEN g % 200 = 1 OR g % 200 = 2 THEN NULL ELSE now() - ((({rows} - g)::float8 / {rows}) * interval '7 days') + interval '20 ms' END,
-                CASE WHEN g % 200 = 2 THEN 10 ELSE 0 END,
-                CASE WHEN g % 200 = 2 THEN 'no stream for subject' END,
-                now(),
-                CASE WHEN g % 200 = 2 THEN now() END
-         FROM generate_series(1, {rows}) AS g"
+/// Rows of one stretch of time: `count` rows, evenly spaced, the last one
+/// `ends_ago` before now and each `step` after the one before.
+struct Stretch {
+    first: u64,
+    count: u64,
+    step: String,
+    ends_ago: String,
+}
+
+impl Stretch {
+    /// The SQL time of row `g` (a column of `generate_series`).
+    fn at(&self) -> String {
+        let last = self.first + self.count - 1;
+        format!(
+            "(now() - {} - ({last} - g) * interval '{}')",
+            self.ends_ago, self.step
+        )
+    }
+}
+
+/// Fills the tables as a busy service leaves them: `recent` rows from the
+/// last minutes at 1,000 messages/s on top of `history` rows spread over the
+/// week before. Almost all are published/processed; a few are pending, dead,
+/// claimed, expired, quarantined, spread over the whole time.
+async fn fill(db: &DatabaseConnection, recent: u64, history: u64) -> Result<()> {
+    let week_us: u64 = 7 * 86_400_000_000;
+    let history_step = format!(
+        "{} microseconds",
+        week_us.checked_div(history).unwrap_or(0)
     );
-    let inbox = format!(
-        "INSERT INTO inbox_message (message_id, consumer, received_at, processed_at, claimed_by, claimed_at, lease_until, attempts, quarantined_at)
-         SELECT 'm-' || g, CASE WHEN g % 4 = 0 THEN 'notify' ELSE 'credit' END,
-                now() - ((({rows} - g)::float8 / {rows}) * interval '7 days'),
-                CASE WHEN g % 500 IN (1, 2, 3) THEN NULL ELSE now() - ((({rows} - g)::float8 / {rows}) * interval '7 days') END,
-                CASE WHEN g % 500 IN (1, 2, 3) THEN 'w' END,
-                CASE WHEN g % 500 IN (1, 2, 3) THEN now() END,
-                CASE WHEN g % 500 = 1 THEN now() + interval '1 hour' WHEN g % 500 = 2 THEN now() - interval '1 hour' END,
-                1,
-                CASE WHEN g % 500 = 3 THEN now() END
-         FROM generate_series(1, {rows}) AS g"
-    );
+    let stretches = [
+        Stretch {
+            first: 1,
+            count: history,
+            step: history_step,
+            ends_ago: format!("interval '{} ms'", recent),
+        },
+        Stretch {
+            first: history + 1,
+            count: recent,
+            step: "1 ms".to_owned(),
+            ends_ago: "interval '0 s'".to_owned(),
+        },
+    ];
+    for stretch in stretches.iter().filter(|s| s.count > 0) {
+        for sql in [outbox_rows(stretch), inbox_rows(stretch)] {
+            db.execute_raw(Statement::from_string(DbBackend::Postgres, sql))
+                .await?;
+        }
+    }
+    // The per-minute counts the relay and 16 consumer sessions would have
+    // left for the last day (see service::rollup).
+    let rollup = "INSERT INTO throughput_minute (minute, tally, shard, n)
+         SELECT date_trunc('minute', published_at), 'published', id % 16, count(*) FROM outbox_message
+          WHERE published_at >= now() - interval '1 day' GROUP BY 1, 3
+         UNION ALL
+         SELECT date_trunc('minute', processed_at), 'processed', id % 16, count(*) FROM inbox_message
+          WHERE processed_at >= now() - interval '1 day' GROUP BY 1, 3";
     let dead = "INSERT INTO dead_letter (consumer, message_id, subject, payload, headers, error, deliveries, created_at)
          SELECT 'credit', 'd-' || g, 'credits.requested', convert_to('{}', 'UTF8'), '{}'::json, 'malformed', 1, now() FROM generate_series(1, 500) AS g";
     for sql in [
-        outbox.as_str(),
-        inbox.as_str(),
+        rollup,
         dead,
         "VACUUM ANALYZE outbox_message",
         "VACUUM ANALYZE inbox_message",
         "VACUUM ANALYZE dead_letter",
+        "VACUUM ANALYZE throughput_minute",
     ] {
         db.execute_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
             .await?;
     }
     Ok(())
+}
+
+fn outbox_rows(s: &Stretch) -> String {
+    let at = s.at();
+    let (first, last) = (s.first, s.first + s.count - 1);
+    format!(
+        "INSERT INTO outbox_message (message_id, subject, payload, headers, ordering_key, created_at, published_at, attempts, last_error, next_attempt_at, dead_at)
+         SELECT 'm-' || g, 'events.s' || (g % 10), convert_to('{{\"n\":' || g || '}}', 'UTF8'), '{{}}'::json,
+                CASE WHEN g % 3 = 0 THEN 'key-' || (g % 1000) END,
+                {at},
+                CASE WHEN g % 200 = 1 OR g % 200 = 2 THEN NULL ELSE {at} + interval '20 ms' END,
+                CASE WHEN g % 200 = 2 THEN 10 ELSE 0 END,
+                CASE WHEN g % 200 = 2 THEN 'no stream for subject' END,
+                now(),
+                CASE WHEN g % 200 = 2 THEN now() END
+         FROM generate_series({first}, {last}) AS g"
+    )
+}
+
+fn inbox_rows(s: &Stretch) -> String {
+    let at = s.at();
+    let (first, last) = (s.first, s.first + s.count - 1);
+    format!(
+        "INSERT INTO inbox_message (message_id, consumer, received_at, processed_at, claimed_by, claimed_at, lease_until, attempts, quarantined_at)
+         SELECT 'm-' || g, CASE WHEN g % 4 = 0 THEN 'notify' ELSE 'credit' END,
+                {at},
+                CASE WHEN g % 500 IN (1, 2, 3) THEN NULL ELSE {at} END,
+                CASE WHEN g % 500 IN (1, 2, 3) THEN 'w' END,
+                CASE WHEN g % 500 IN (1, 2, 3) THEN now() END,
+                CASE WHEN g % 500 = 1 THEN now() + interval '1 hour' WHEN g % 500 = 2 THEN now() - interval '1 hour' END,
+                1,
+                CASE WHEN g % 500 = 3 THEN now() END
+         FROM generate_series({first}, {last}) AS g"
+    )
 }
 
 /// The endpoints measured: list pages with each filter, and the stats a
@@ -115,8 +182,60 @@ async fn latencies(http: &reqwest::Client, url: &str, requests: usize) -> Result
     Ok(samples)
 }
 
-/// Runs the scenario.
-pub async fn run(pg: &mut PgServer, rows: u64, requests: usize) -> Result<Report> {
+/// The four requests a dashboard makes on each refresh (every 5 s while it
+/// is open), with its default filters.
+const DASHBOARD: [&str; 4] = [
+    "/api/v1/stats",
+    "/api/v1/outbox?limit=50&status=pending",
+    "/api/v1/inbox?limit=50&state=expired_claim",
+    "/api/v1/dead-letters?limit=50&replayed=false",
+];
+
+/// CPU of this process (the API) and PostgreSQL per dashboard refresh, over
+/// `refreshes` refreshes made as a browser makes them (the four requests at
+/// once).
+async fn refresh_cost(http: &reqwest::Client, base: &str, refreshes: usize) -> Result<Figures> {
+    let get = |path: &str| {
+        let request = http.get(format!("{base}{path}")).bearer_auth(TOKEN).send();
+        async move {
+            let res = request.await?;
+            anyhow::ensure!(
+                res.status().is_success(),
+                "{} answered {}",
+                res.url(),
+                res.status()
+            );
+            res.bytes().await?;
+            Ok(())
+        }
+    };
+    let mut samples = Vec::with_capacity(refreshes);
+    let before = CpuSample::now();
+    for _ in 0..refreshes {
+        let t0 = Instant::now();
+        futures::future::try_join_all(DASHBOARD.map(get)).await?;
+        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    let cpu = CpuSample::now()
+        .since(&before)
+        .per_thousand(refreshes as u64);
+    samples.sort_by(f64::total_cmp);
+    // per_thousand gives ms per 1,000 refreshes; a refresh is a thousandth.
+    Ok(Figures::new()
+        .with("p50_ms", quantile(&samples, 0.5))
+        .with("p95_ms", quantile(&samples, 0.95))
+        .with("max_ms", quantile(&samples, 1.0))
+        .with(
+            "cpu_ms_per_refresh_total",
+            (cpu.this + cpu.postgres) / 1000.0,
+        )
+        .with("cpu_ms_per_refresh_api", cpu.this / 1000.0)
+        .with("cpu_ms_per_refresh_postgres", cpu.postgres / 1000.0))
+}
+
+/// Runs the scenario: `recent` rows per table at 1,000/s up to now, after
+/// `history` rows spread over the week before.
+pub async fn run(pg: &mut PgServer, recent: u64, history: u64, requests: usize) -> Result<Report> {
     let (db, _url) = pg.fresh("api").await?;
     let mut report = Report::new(
         "api",
@@ -124,21 +243,34 @@ pub async fn run(pg: &mut PgServer, rows: u64, requests: usize) -> Result<Report
             Column::figure("p50 ms", "p50_ms", 1),
             Column::figure("p95 ms", "p95_ms", 1),
             Column::figure("max ms", "max_ms", 1),
+            Column::breakdown(
+                "CPU ms per refresh (api+postgres)",
+                &[
+                    "cpu_ms_per_refresh_total",
+                    "cpu_ms_per_refresh_api",
+                    "cpu_ms_per_refresh_postgres",
+                ],
+                1,
+            ),
         ],
     );
     report.version("PostgreSQL", pg::version(&db).await?);
+    let rows = recent + history;
     eprintln!("filling {rows} outbox rows and {rows} inbox rows...");
     let started = Instant::now();
-    fill(&db, rows).await?;
+    fill(&db, recent, history).await?;
     report.setup(
         "rows",
-        format!("{rows} outbox_message + {rows} inbox_message + 500 dead_letter"),
+        format!(
+            "{rows} outbox_message + {rows} inbox_message + 500 dead_letter: {recent} each from the last {:.0} minutes (1,000/s), after {history} spread over the week before",
+            recent as f64 / 60_000.0
+        ),
     );
     report.setup("fill", format!("{:.1} s", started.elapsed().as_secs_f64()));
     report.setup(
         "requests",
         format!(
-            "{requests} per endpoint, sequential, over loopback HTTP, after 3 warm-up requests"
+            "{requests} per endpoint, sequential, over loopback HTTP, after 3 warm-up requests; a dashboard refresh is its 4 requests at once"
         ),
     );
     let cancel = CancellationToken::new();
@@ -155,6 +287,13 @@ pub async fn run(pg: &mut PgServer, rows: u64, requests: usize) -> Result<Report
                 .with("max_ms", quantile(&samples, 1.0)),
         );
     }
+    let refresh = refresh_cost(&http, &base, requests).await?;
+    eprintln!(
+        "  dashboard refresh: p95 {:.1} ms, {:.1} ms CPU",
+        refresh.get("p95_ms").unwrap_or(f64::NAN),
+        refresh.get("cpu_ms_per_refresh_total").unwrap_or(f64::NAN)
+    );
+    report.row("dashboard refresh (the 4 requests at once)", refresh);
     cancel.cancel();
     db.close().await.context("closing")?;
     Ok(report)

@@ -70,9 +70,13 @@ struct Cli {
 enum Scenario {
     /// Admin API latency (p50/p95) of list pages and stats on a big outbox and inbox.
     Api {
-        /// Rows in each of outbox_message and inbox_message.
+        /// Rows in each of outbox_message and inbox_message from the last
+        /// minutes, at 1,000 per second.
         #[arg(long, default_value_t = 1_000_000)]
         rows: u64,
+        /// Older rows in each table, spread over the week before.
+        #[arg(long, default_value_t = 1_000_000)]
+        history: u64,
         /// Requests per endpoint.
         #[arg(long, default_value_t = 100)]
         requests: usize,
@@ -120,6 +124,7 @@ impl Scenario {
         match self {
             Self::Api { .. } => Self::Api {
                 rows: 2_000,
+                history: 2_000,
                 requests: 5,
             },
             Self::Inbox { .. } => Self::Inbox { messages: 100 },
@@ -136,7 +141,11 @@ impl Scenario {
     /// Runs the scenario; its databases come from `pg`.
     async fn run(self, pg: &mut PgServer, nats_url: &str, smoke: bool) -> Result<Report> {
         match self {
-            Self::Api { rows, requests } => api::run(pg, rows, requests).await,
+            Self::Api {
+                rows,
+                history,
+                requests,
+            } => api::run(pg, rows, history, requests).await,
             Self::Inbox { messages } => inbox::run(pg, messages).await,
             Self::Relay { rows } => relay::run(pg, nats_url, rows).await,
             Self::RelayMemory { small, large } => memory::run(pg, nats_url, small, large).await,

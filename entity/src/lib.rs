@@ -8,6 +8,7 @@
 //! - [`inbox_message`]: one row per (message, consumer) handled or claimed.
 //! - [`outbox_message`]: events waiting for, or done with, publication.
 //! - [`dead_letter`]: messages a consumer gave up on, with the reason.
+//! - [`throughput_minute`]: per-minute counts the dashboard reads.
 //! - [`demo`]: the example domain's tables (`docs/fork.md` removes them).
 
 pub mod dead_letter;
@@ -15,3 +16,4 @@ pub mod demo;
 pub mod inbox_message;
 pub mod outbox_message;
 pub mod prelude;
+pub mod throughput_minute;

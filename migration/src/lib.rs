@@ -28,6 +28,7 @@ mod m20261130_000007_create_admin_indexes;
 mod m20261130_000008_partial_outbox_indexes;
 mod m20261130_000009_create_pending_key_index;
 mod m20261201_000010_add_outbox_causation;
+mod m20261201_000011_create_throughput_minute;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -87,6 +88,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000008_partial_outbox_indexes::Migration),
             Box::new(m20261130_000009_create_pending_key_index::Migration),
             Box::new(m20261201_000010_add_outbox_causation::Migration),
+            Box::new(m20261201_000011_create_throughput_minute::Migration),
         ]
     }
 }

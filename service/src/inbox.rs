@@ -21,6 +21,7 @@ use crate::envelope::{ConsumerName, Envelope};
 use crate::error::{HandlerError, InboxError, InboxErrorKind};
 use crate::executor::{Executor, Unit};
 use crate::outbox::Cause;
+use crate::rollup::{self, Tally};
 
 /// What happened to a message that did not fail. Both are terminal: ack it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,7 +226,8 @@ where
     }
 }
 
-/// Inserts the processed marker for (`envelope`, `consumer`) on `txn`.
+/// Inserts the processed marker for (`envelope`, `consumer`) on `txn`, and
+/// counts it in the minute's throughput ([`crate::rollup`]).
 ///
 /// [`Inbox::process`] calls this before the handler. It is public for units
 /// that must order their statements differently; whatever runs before it on
@@ -258,7 +260,7 @@ pub async fn record_marker(
     inbox_message::Entity::insert(marker)
         .exec_without_returning(txn)
         .await?;
-    Ok(())
+    rollup::add(txn, Tally::Processed, now, 1).await
 }
 
 fn classify_unit_error<T>(

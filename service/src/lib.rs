@@ -20,6 +20,7 @@
 //! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.
 //! - [`admin`]: what operators list and change (filters, retry, replay, delete).
 //! - [`stats`]: counts by table and state, for operators.
+//! - [`rollup`]: per-minute throughput counted by the transactions that do the work.
 //! - [`stuck`]: why a row is not moving, for a page of rows at once.
 //! - [`trace`]: W3C trace context through the outbox.
 //! - [`journey`]: what the database knows of a message and what it caused.
@@ -40,6 +41,7 @@ pub mod journey;
 pub mod outbox;
 pub mod registry;
 pub mod retention;
+pub mod rollup;
 pub mod state;
 pub mod stats;
 pub mod stuck;

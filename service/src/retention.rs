@@ -125,7 +125,8 @@ fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {
 }
 
 /// Deletes processed inbox markers and published outbox rows past their
-/// retention, `batch_size` rows per statement. Open claims, quarantined
+/// retention, `batch_size` rows per statement, and per-minute throughput
+/// counts older than [`crate::rollup::KEEP`]. Open claims, quarantined
 /// claims and dead or pending outbox rows are never touched. Safe with
 /// several pruners: each batch deletes by id and counts what it removed.
 ///
@@ -137,6 +138,7 @@ pub async fn prune(
     now: DateTime<Utc>,
 ) -> Result<PruneReport, DbErr> {
     let batch = config.batch_size.max(1);
+    crate::rollup::prune(db, now).await?;
     Ok(PruneReport {
         inbox: delete_in_batches::<inbox_message::Entity>(
             db,

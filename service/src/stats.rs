@@ -3,7 +3,7 @@
 //! `seawall stats`, the admin API and the Prometheus gauges, so the dashboard
 //! and the metrics always agree.
 
-use chrono::{DateTime, Duration, DurationRound, Utc};
+use chrono::{DateTime, Duration, Utc};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult,
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Statement,
@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use entity::{dead_letter, inbox_message, outbox_message};
 
+use crate::rollup::{self, Tally};
 use crate::state::{ClaimState, OutboxState};
 
 /// Minutes of throughput history reported.
@@ -230,79 +231,28 @@ async fn estimated_rows(db: &DatabaseConnection, table: &str) -> Result<Option<u
         .map(|rows| rows as u64))
 }
 
-#[derive(Debug, FromQueryResult)]
-struct Bucket {
-    minute: String,
-    n: i64,
-}
-
-/// The SQL that truncates `column` to `YYYY-MM-DDTHH:MM` text on each backend.
-fn minute_of(backend: DbBackend, column: &str) -> String {
-    match backend {
-        DbBackend::Postgres => {
-            format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI')")
-        }
-        DbBackend::MySql => format!("DATE_FORMAT({column}, '%Y-%m-%dT%H:%i')"),
-        _ => format!("substr({column}, 1, 16)"),
-    }
-}
-
-async fn per_minute(
-    db: &DatabaseConnection,
-    table: &str,
-    column: &str,
-    since: DateTime<Utc>,
-) -> Result<Vec<Bucket>, DbErr> {
-    let backend = db.get_database_backend();
-    let bucket = minute_of(backend, column);
-    let placeholder = if backend == DbBackend::Postgres {
-        "$1"
-    } else {
-        "?"
-    };
-    let sql = format!(
-        "SELECT {bucket} AS minute, COUNT(*) AS n FROM {table} WHERE {column} >= {placeholder} GROUP BY {bucket}"
-    );
-    Bucket::find_by_statement(Statement::from_sql_and_values(backend, sql, [since.into()]))
-        .all(db)
-        .await
-}
-
+/// The last [`THROUGHPUT_MINUTES`] minutes up to `now`'s, oldest first,
+/// from the counts the writers keep (see [`crate::rollup`]).
 async fn throughput(
     db: &DatabaseConnection,
     now: DateTime<Utc>,
 ) -> Result<Vec<MinuteCount>, DbErr> {
-    let current = now.duration_trunc(Duration::minutes(1)).unwrap_or(now);
-    let since = current - Duration::minutes(THROUGHPUT_MINUTES - 1);
-    let published = per_minute(db, "outbox_message", "published_at", since).await?;
-    let processed = per_minute(db, "inbox_message", "processed_at", since).await?;
-    let lookup = |buckets: &[Bucket], minute: &str| {
-        buckets
+    let since = rollup::minute_of(now) - Duration::minutes(THROUGHPUT_MINUTES - 1);
+    let counts = rollup::since(db, since).await?;
+    let count = |minute: DateTime<Utc>, tally: Tally| {
+        counts
             .iter()
-            .find(|b| b.minute == minute)
-            .map_or(0, |b| u64::try_from(b.n).unwrap_or(0))
+            .find(|(m, t, _)| *m == minute && t == tally.as_str())
+            .map_or(0, |(_, _, n)| u64::try_from(*n).unwrap_or(0))
     };
     Ok((0..THROUGHPUT_MINUTES)
         .map(|i| {
             let minute = since + Duration::minutes(i);
-            let key = minute.format("%Y-%m-%dT%H:%M").to_string();
             MinuteCount {
                 minute,
-                published: lookup(&published, &key),
-                processed: lookup(&processed, &key),
+                published: count(minute, Tally::Published),
+                processed: count(minute, Tally::Processed),
             }
         })
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn minute_buckets_are_text_on_every_backend() {
-        assert!(minute_of(DbBackend::Postgres, "c").contains("to_char"));
-        assert!(minute_of(DbBackend::MySql, "c").contains("DATE_FORMAT"));
-        assert_eq!(minute_of(DbBackend::Sqlite, "c"), "substr(c, 1, 16)");
-    }
 }

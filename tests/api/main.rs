@@ -9,5 +9,6 @@ mod endpoints;
 mod harness;
 mod local;
 mod openapi;
+mod pages;
 mod reasons;
 mod schemathesis;

@@ -16,7 +16,7 @@ use crate::crashes::{consume, publish_event, setup};
 use crate::on_backends;
 use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::webhook::WebhookServer;
-use crate::support::{Backend, TestDb, entry_envelope, wait_until};
+use crate::support::{Backend, TestDb, charted, entry_envelope, wait_until};
 
 /// A lease that is over the moment it is taken, so the sweeper's clock
 /// (passed in) decides without waiting.
@@ -59,6 +59,7 @@ async fn an_effect_finished_after_the_sweeper_released_its_claim_is_recorded(bac
     let row = the_row(&t).await;
     assert!(row.processed_at.is_some(), "recorded after the release");
     assert!(row.quarantined_at.is_none());
+    assert_eq!(charted(&t.db).await.1, 1, "the completion is charted");
 }
 on_backends!(an_effect_finished_after_the_sweeper_released_its_claim_is_recorded: sqlite, postgres);
 
@@ -84,6 +85,7 @@ async fn a_claim_quarantined_while_its_effect_ran_is_not_completed(backend: Back
     let row = the_row(&t).await;
     assert!(row.processed_at.is_none() && row.quarantined_at.is_some());
     assert_eq!(dead_letter::Entity::find().count(&t.db).await.unwrap(), 1);
+    assert_eq!(charted(&t.db).await.1, 0, "nothing was processed");
 }
 on_backends!(a_claim_quarantined_while_its_effect_ran_is_not_completed: sqlite, postgres);
 
@@ -153,6 +155,11 @@ async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
     assert_eq!(
         letters, quarantined,
         "one dead letter per quarantined claim"
+    );
+    assert_eq!(
+        charted(&t.db).await.1,
+        rows.len() as u64 - quarantined,
+        "each completed claim charted once, whoever completed it"
     );
     for p in &mut processes {
         assert!(p.terminate().await.success());

@@ -16,7 +16,7 @@ use crate::helpers::{env, stored_on, with_ledger_stream};
 use crate::on_backends;
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb, wait_until};
+use crate::support::{Backend, TestDb, charted, wait_until};
 
 const SUBJECT: &str = "ledger.recorded";
 
@@ -80,6 +80,11 @@ async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(bac
     let mut relay = Seawall::spawn(&["relay"], &env(&t.url, &nats.url(), &lease));
     wait_drained(&t.db, Duration::from_secs(30)).await;
     assert_eq!(unique_count(&stored_on(&js, SUBJECT).await), 200);
+    assert_eq!(
+        charted(&t.db).await.0,
+        200,
+        "the chart counts what was marked published, not the crashed relay's round"
+    );
     assert!(relay.terminate().await.success());
     relay.assert_no_panic();
 }

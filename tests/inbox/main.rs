@@ -14,3 +14,4 @@ mod overlap;
 mod races;
 mod retry;
 mod rollback;
+mod throughput;

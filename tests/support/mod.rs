@@ -159,6 +159,18 @@ where
     }
 }
 
+/// Published events and processed messages in the stats' throughput
+/// chart, each summed over its minutes.
+pub async fn charted(db: &DatabaseConnection) -> (u64, u64) {
+    let stats = service::stats::stats(db, chrono::Utc::now())
+        .await
+        .expect("stats");
+    stats
+        .throughput
+        .iter()
+        .fold((0, 0), |(p, q), m| (p + m.published, q + m.processed))
+}
+
 /// Generates one `#[tokio::test]` per listed backend, calling `$body(Backend)`.
 #[macro_export]
 macro_rules! on_backends {

@@ -14,13 +14,15 @@ use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter,
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, TransactionTrait,
 };
 
 use entity::inbox_message::{self, Column};
 
 use crate::classify::{Failure, classify};
+use crate::db::BEGIN_IMMEDIATE;
 use crate::envelope::{ConsumerName, Envelope, MessageId};
+use crate::rollup::{self, Tally};
 use crate::state::ClaimState;
 
 /// The reason written to `dead_letter` when a claim is quarantined.
@@ -198,26 +200,21 @@ impl ClaimGuard {
     /// a database error: the effect is done and only its record is missing.
     pub async fn complete(&self, result: Option<String>) -> Result<(), ClaimError> {
         let now = Utc::now();
-        let record = |condition: Condition| {
-            inbox_message::Entity::update_many()
-                .col_expr(Column::ProcessedAt, Expr::value(now))
-                .col_expr(Column::Result, Expr::value(result.clone()))
-                .col_expr(
-                    Column::LeaseUntil,
-                    Expr::value(Option::<DateTime<Utc>>::None),
-                )
-                .filter(condition)
-                .exec(&self.db)
-        };
-        let res = record(self.owned()).await.map_err(|e| self.db_error(e))?;
-        if res.rows_affected == 1 {
+        let res = self
+            .record(self.owned(), now, result.as_deref())
+            .await
+            .map_err(|e| self.db_error(e))?;
+        if res == 1 {
             return Ok(());
         }
         let unheld = ClaimState::Expired
             .condition(now)
             .add(Column::Id.eq(self.id));
-        let res = record(unheld).await.map_err(|e| self.db_error(e))?;
-        if res.rows_affected == 1 {
+        let res = self
+            .record(unheld, now, result.as_deref())
+            .await
+            .map_err(|e| self.db_error(e))?;
+        if res == 1 {
             tracing::info!(
                 attempt = self.attempt,
                 "effect recorded after the claim's lease ran out"
@@ -282,6 +279,32 @@ impl ClaimGuard {
             .await
             .map_err(|e| self.db_error(e))?;
         self.expect_one(res.rows_affected)
+    }
+
+    /// Records the effect as processed at `now` on the claim if it matches
+    /// `condition`, and counts it in the minute's throughput, in one
+    /// transaction; returns how many rows it recorded (0 or 1).
+    async fn record(
+        &self,
+        condition: Condition,
+        now: DateTime<Utc>,
+        result: Option<&str>,
+    ) -> Result<u64, DbErr> {
+        let txn = self.db.begin_with_options(BEGIN_IMMEDIATE).await?;
+        let recorded = inbox_message::Entity::update_many()
+            .col_expr(Column::ProcessedAt, Expr::value(now))
+            .col_expr(Column::Result, Expr::value(result.map(str::to_owned)))
+            .col_expr(
+                Column::LeaseUntil,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .filter(condition)
+            .exec(&txn)
+            .await?
+            .rows_affected;
+        rollup::add(&txn, Tally::Processed, now, recorded).await?;
+        txn.commit().await?;
+        Ok(recorded)
     }
 
     fn owned(&self) -> Condition {

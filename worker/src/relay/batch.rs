@@ -66,7 +66,12 @@ impl Batch {
     pub(super) async fn mark_published(&self, ids: Vec<i64>) -> Result<u64, DbErr> {
         match &self.hold {
             Hold::RowLocks(txn) => store::mark_published(txn, None, ids).await,
-            Hold::Lease { db, owner } => store::mark_published(db, Some(owner), ids).await,
+            Hold::Lease { db, owner } => {
+                let txn = db.begin_with_options(service::db::BEGIN_IMMEDIATE).await?;
+                let marked = store::mark_published(&txn, Some(owner), ids).await?;
+                txn.commit().await?;
+                Ok(marked)
+            }
         }
     }
 

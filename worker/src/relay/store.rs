@@ -21,6 +21,7 @@ use sea_orm::{
 };
 
 use entity::outbox_message::{self, Column};
+use service::rollup::{self, Tally};
 use service::state::OutboxState;
 
 /// Chrono duration from std, saturating (leases and backoffs are small).
@@ -195,17 +196,19 @@ fn held_by(owner: Option<&str>) -> Condition {
     })
 }
 
-/// Marks rows JetStream acknowledged as published (if `owner` still holds them).
-pub(crate) async fn mark_published<C: ConnectionTrait>(
-    db: &C,
+/// Marks rows JetStream acknowledged as published (if `owner` still holds
+/// them) and counts them in the minute's throughput, on `txn`.
+pub(crate) async fn mark_published(
+    txn: &DatabaseTransaction,
     owner: Option<&str>,
     ids: Vec<i64>,
 ) -> Result<u64, DbErr> {
     if ids.is_empty() {
         return Ok(0);
     }
+    let now = Utc::now();
     let res = outbox_message::Entity::update_many()
-        .col_expr(Column::PublishedAt, Expr::value(Utc::now()))
+        .col_expr(Column::PublishedAt, Expr::value(now))
         .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
         .col_expr(
             Column::LockedUntil,
@@ -213,8 +216,9 @@ pub(crate) async fn mark_published<C: ConnectionTrait>(
         )
         .filter(Column::Id.is_in(ids))
         .filter(held_by(owner))
-        .exec(db)
+        .exec(txn)
         .await?;
+    rollup::add(txn, Tally::Published, now, res.rows_affected).await?;
     Ok(res.rows_affected)
 }
 
