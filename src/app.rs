@@ -266,7 +266,10 @@ fn replay_subjects(domain: &Domain) -> HashMap<String, String> {
 /// used by webhooks, brings none of its own; ring is the one sqlx and
 /// async-nats already build). Hold the result until the process ends: it
 /// flushes the traces not yet exported.
-pub fn init() -> crate::telemetry::Telemetry {
+///
+/// # Errors
+/// A logging variable that cannot be used, named.
+pub fn init() -> Result<crate::telemetry::Telemetry, crate::telemetry::TelemetryError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     crate::telemetry::init()
 }

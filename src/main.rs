@@ -62,7 +62,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<()> {
-    let _telemetry = seawall::app::init();
+    let _telemetry = seawall::app::init()?;
     let cli = Cli::parse();
     let loaded = config::load(cli.config.as_deref())?;
     let settings = &loaded.settings;

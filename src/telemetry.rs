@@ -50,15 +50,53 @@ fn exporting() -> bool {
     .any(|key| std::env::var_os(key).is_some_and(|v| !v.is_empty()))
 }
 
+/// A logging variable that cannot be used: start-up stops naming it rather
+/// than logging in a shape or at a level nobody asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// `SEAWALL_LOG_FORMAT` is neither `text` nor `json`.
+    #[error("SEAWALL_LOG_FORMAT must be `text` or `json`, got {0:?}")]
+    LogFormat(String),
+    /// `SEAWALL_LOG` is not a `tracing` filter.
+    #[error("SEAWALL_LOG is not a log filter (e.g. `info,worker=debug`)")]
+    LogFilter(#[source] tracing_subscriber::filter::ParseError),
+}
+
+/// Whether `SEAWALL_LOG_FORMAT` asks for JSON lines (`json`) rather than
+/// text (`text`, or unset).
+fn json_format() -> Result<bool, TelemetryError> {
+    match std::env::var("SEAWALL_LOG_FORMAT") {
+        Err(_) => Ok(false),
+        Ok(f) if f.is_empty() || f.eq_ignore_ascii_case("text") => Ok(false),
+        Ok(f) if f.eq_ignore_ascii_case("json") => Ok(true),
+        Ok(other) => Err(TelemetryError::LogFormat(other)),
+    }
+}
+
 /// Whether stderr carries JSON lines only (`SEAWALL_LOG_FORMAT=json`), so
 /// nothing else may be printed there.
 pub fn json_logs() -> bool {
-    std::env::var("SEAWALL_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"))
+    json_format().unwrap_or(false)
+}
+
+/// The log filter `SEAWALL_LOG` names, `warn` when unset.
+fn log_filter() -> Result<EnvFilter, TelemetryError> {
+    match std::env::var("SEAWALL_LOG") {
+        Ok(directives) if !directives.trim().is_empty() => {
+            EnvFilter::try_new(directives).map_err(TelemetryError::LogFilter)
+        }
+        _ => Ok(EnvFilter::new("warn")),
+    }
 }
 
 /// Installs logging, propagation and tracing for this process. A second
 /// call (tests) changes nothing.
-pub fn init() -> Telemetry {
+///
+/// # Errors
+/// [`TelemetryError`] naming a logging variable that cannot be used.
+pub fn init() -> Result<Telemetry, TelemetryError> {
+    let json = json_format()?;
+    let log_filter = log_filter()?;
     global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
         Box::new(TraceContextPropagator::new()),
         Box::new(BaggagePropagator::new()),
@@ -80,18 +118,16 @@ pub fn init() -> Telemetry {
     let provider = builder.build();
     global::set_tracer_provider(provider.clone());
     let tracer = provider.tracer("seawall");
-    let log_filter =
-        || EnvFilter::try_from_env("SEAWALL_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let logs = if json_logs() {
+    let logs = if json {
         tracing_subscriber::fmt::layer()
             .event_format(JsonLines)
             .with_writer(std::io::stderr)
-            .with_filter(log_filter())
+            .with_filter(log_filter)
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
-            .with_filter(log_filter())
+            .with_filter(log_filter)
             .boxed()
     };
     // Spans of seawall's own crates at info and above make the trace, what
@@ -99,7 +135,7 @@ pub fn init() -> Telemetry {
     // ids. Otherwise no span is traced (a span per message and per row
     // costs the relay a third of its throughput) and the trace context of
     // each message passes through unchanged (see `service::trace`).
-    let traces = (exporting() || json_logs()).then(|| {
+    let traces = (exporting() || json).then(|| {
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
             .with_filter(EnvFilter::new(
@@ -110,7 +146,7 @@ pub fn init() -> Telemetry {
         .with(logs)
         .with(traces)
         .try_init();
-    Telemetry { provider }
+    Ok(Telemetry { provider })
 }
 
 /// One JSON object per event: time, level, target, the event's fields, the

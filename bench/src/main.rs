@@ -164,7 +164,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<()> {
-    let _telemetry = seawall::app::init();
+    let _telemetry = seawall::app::init()?;
     let cli = Cli::parse();
     let scenario = if cli.smoke {
         cli.scenario.smoke()

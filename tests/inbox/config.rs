@@ -28,6 +28,14 @@ fn a_non_numeric_setting_stops_startup_naming_the_key() {
 }
 
 #[test]
+fn an_unknown_log_format_or_filter_stops_startup_naming_the_variable() {
+    let out = seawall(&["migrate"], &[("SEAWALL_LOG_FORMAT", "xml")]);
+    fails_naming(&out, "SEAWALL_LOG_FORMAT must be `text` or `json`, got \"xml\"");
+    let out = seawall(&["migrate"], &[("SEAWALL_LOG", "worker=loud")]);
+    fails_naming(&out, "SEAWALL_LOG is not a log filter");
+}
+
+#[test]
 fn an_unsupported_database_url_stops_startup_naming_the_key() {
     let out = seawall(
         &["migrate"],

@@ -24,7 +24,10 @@ use service::{ConsumerName, Registry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let telemetry = seawall::app::init();
+    let telemetry = match seawall::app::init() {
+        Ok(telemetry) => telemetry,
+        Err(err) => return seawall::app::exit_code(Err(err.into())),
+    };
     let code = seawall::app::exit_code(run().await);
     drop(telemetry);
     code
