@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use service::retention::PruneConfig;
 use service::{Executor, Inbox, Registry};
+use worker::relay::wal::{WalRelay, WalRelayConfig};
 use worker::{Consumer, Relay, RelayConfig, StreamSpec, maintenance};
 
 use crate::config::Settings;
@@ -80,6 +81,7 @@ pub struct Domain {
 /// A process, built and ready to run.
 pub struct Application {
     relay: Option<Relay>,
+    wal_relay: Option<WalRelay>,
     consumers: Vec<Consumer>,
     maintenance: Option<Maintenance>,
     api: Option<(std::net::SocketAddr, api::AppState)>,
@@ -124,7 +126,26 @@ impl Application {
             worker::check_duplicate_window(&js, &domain.stream.name, relay.lease, relay.retry_max)
                 .await?;
         }
+        service::Outbox::set_mode(settings.outbox_mode);
+        let wal = settings.outbox_mode == service::OutboxMode::Wal;
+        // Events written before the slot exists would never reach it, so
+        // every process that may write events makes sure it does first.
+        if wal && roles.workers() {
+            worker::relay::wal::prepare(&db, &settings.wal_slot()).await?;
+        }
+        let wal_relay = if roles.relay && wal {
+            let config = WalRelayConfig {
+                server_errors: Some(nats.server_errors.clone()),
+                ..settings.wal_relay()
+            };
+            Some(WalRelay::new(db.clone(), js.clone(), config))
+        } else {
+            None
+        };
         let wake = Arc::new(Notify::new());
+        // In WAL mode the table relay publishes what the WAL relay handed
+        // over (refused events and their keys' followers), operators'
+        // retries, and rows left from table mode.
         let relay = roles.relay.then(|| {
             let config = RelayConfig {
                 server_errors: Some(nats.server_errors),
@@ -163,6 +184,7 @@ impl Application {
         });
         Ok(Self {
             relay,
+            wal_relay,
             consumers,
             maintenance,
             api,
@@ -185,6 +207,13 @@ impl Application {
             let cancel = cancel.clone();
             tasks.spawn(async move {
                 relay.run(cancel).await;
+                Ok(())
+            });
+        }
+        if let Some(wal_relay) = self.wal_relay {
+            let cancel = cancel.clone();
+            tasks.spawn(async move {
+                wal_relay.run(cancel).await;
                 Ok(())
             });
         }

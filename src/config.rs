@@ -60,6 +60,11 @@ pub struct Settings {
     pub sweep_interval_ms: u64,
     pub claim_lease_ms: u64,
     pub claim_max_attempts: u64,
+    /// Where events are recorded: `table` rows, or the PostgreSQL `wal`.
+    pub outbox_mode: service::OutboxMode,
+    /// The WAL relay's replication slot (and publication); derived from the
+    /// database name when unset.
+    pub wal_slot: Option<String>,
     /// Crash tests only: a fault point to abort at (see `worker::FaultPoint`).
     pub fault: Option<String>,
 }
@@ -106,6 +111,8 @@ const KEYS: &[&str] = &[
     "sweep_interval_ms",
     "claim_lease_ms",
     "claim_max_attempts",
+    "outbox_mode",
+    "wal_slot",
     "fault",
 ];
 
@@ -151,6 +158,8 @@ impl Default for Settings {
             sweep_interval_ms: 5_000,
             claim_lease_ms: 30_000,
             claim_max_attempts: 5,
+            outbox_mode: service::OutboxMode::Table,
+            wal_slot: None,
             fault: None,
         }
     }
@@ -282,6 +291,20 @@ impl Settings {
         }
     }
 
+    /// The WAL relay's settings (`outbox_mode = "wal"`).
+    pub fn wal_relay(&self) -> worker::relay::wal::WalRelayConfig {
+        let relay = self.relay();
+        worker::relay::wal::WalRelayConfig {
+            database_url: self.database_url.clone(),
+            slot: self.wal_slot(),
+            window: usize::try_from(self.relay_batch_size).unwrap_or(usize::MAX),
+            standby_retry: Duration::from_secs(1),
+            retry_base: relay.retry_base,
+            retry_max: relay.retry_max,
+            server_errors: None,
+        }
+    }
+
     /// The settings of a consumer reading `stream`.
     pub fn consumer(&self, stream: &str) -> worker::ConsumerConfig {
         worker::ConsumerConfig {
@@ -347,6 +370,10 @@ impl Settings {
         if roles.relay {
             let rounds = u32::try_from(self.relay_concurrency).unwrap_or(u32::MAX);
             needed = needed.saturating_add(rounds).saturating_add(1);
+            if self.outbox_mode == service::OutboxMode::Wal {
+                // The WAL relay's hand-overs to the table.
+                needed = needed.saturating_add(1);
+            }
         }
         if roles.api {
             needed = needed.saturating_add(2);
@@ -431,6 +458,7 @@ impl Settings {
                 "must be an http:// or https:// URL",
             ));
         }
+        self.check_outbox_mode(scheme)?;
         if let Some(name) = &self.fault
             && worker::FaultPoint::parse(name).is_none()
         {
@@ -442,6 +470,36 @@ impl Settings {
         }
         self.check_files()?;
         crate::nats::check(self)
+    }
+
+    /// WAL mode runs on PostgreSQL only, with a slot name PostgreSQL takes.
+    fn check_outbox_mode(&self, scheme: &str) -> Result<(), ConfigError> {
+        if self.outbox_mode == service::OutboxMode::Wal
+            && !matches!(scheme, "postgres" | "postgresql")
+        {
+            return Err(invalid(
+                "outbox_mode",
+                format!(
+                    "\"wal\" needs PostgreSQL (logical decoding), but database_url is {scheme}:; use outbox_mode = \"table\""
+                ),
+            ));
+        }
+        if let Some(slot) = &self.wal_slot
+            && !worker::relay::wal::valid_slot_name(slot)
+        {
+            return Err(invalid(
+                "wal_slot",
+                format!("{slot:?} is not a slot name: 1 to 63 lower-case letters, digits or _"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The WAL relay's slot: `wal_slot`, or one named after the database.
+    pub fn wal_slot(&self) -> String {
+        self.wal_slot
+            .clone()
+            .unwrap_or_else(|| worker::relay::wal::default_slot_name(&self.database_url))
     }
 
     /// Every file a key names exists and is a file.

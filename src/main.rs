@@ -30,7 +30,13 @@ enum Command {
     /// sweeper, pruner and the admin API with its dashboard.
     Run,
     /// Only the outbox relay (several may run against one database).
-    Relay,
+    Relay {
+        /// Drop the WAL relay's replication slot and publication
+        /// (`outbox_mode = "wal"`) and exit: the WAL it retained is freed,
+        /// and events not yet relayed from it are lost. Stop the relays first.
+        #[arg(long)]
+        drop_slot: bool,
+    },
     /// Only the JetStream consumers (several may share one durable consumer),
     /// with the claim sweeper and the pruner.
     Consume,
@@ -76,7 +82,18 @@ async fn run() -> Result<()> {
             );
         }
         Command::Run => serve(settings, Roles::ALL, domain(settings)?).await?,
-        Command::Relay => serve(settings, Roles::RELAY, domain(settings)?).await?,
+        Command::Relay { drop_slot: true } => {
+            let db = connect_db(&settings.database_url, 1).await?;
+            let slot = settings.wal_slot();
+            let dropped = worker::relay::wal::drop_slot(&db, &slot).await?;
+            println!(
+                "{} replication slot {slot}",
+                if dropped { "dropped" } else { "there was no" }
+            );
+        }
+        Command::Relay { drop_slot: false } => {
+            serve(settings, Roles::RELAY, domain(settings)?).await?;
+        }
         Command::Consume => serve(settings, Roles::CONSUME, domain(settings)?).await?,
         Command::Api => serve(settings, Roles::API, domain(settings)?).await?,
         Command::Demo(command) => demo::run(command, &loaded).await?,

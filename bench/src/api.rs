@@ -42,10 +42,7 @@ impl Stretch {
 /// claimed, expired, quarantined, spread over the whole time.
 async fn fill(db: &DatabaseConnection, recent: u64, history: u64) -> Result<()> {
     let week_us: u64 = 7 * 86_400_000_000;
-    let history_step = format!(
-        "{} microseconds",
-        week_us.checked_div(history).unwrap_or(0)
-    );
+    let history_step = format!("{} microseconds", week_us.checked_div(history).unwrap_or(0));
     let stretches = [
         Stretch {
             first: 1,

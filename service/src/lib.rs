@@ -9,6 +9,7 @@
 //! - [`envelope`]: validated ids ([`MessageId`], [`ConsumerName`]) and [`Envelope`].
 //! - [`inbox`]: [`Inbox::process`], [`Outcome`], the [`Handle`] trait.
 //! - [`outbox`]: [`Outbox::enqueue`] and [`NewEvent`].
+//! - [`wal`]: the outbox in PostgreSQL's write-ahead log: the event encoding and its emit.
 //! - [`claim`]: two-phase claims for effects outside the transaction.
 //! - [`sweep`]: releasing or quarantining abandoned claims.
 //! - [`retention`]: how long rows are kept, and pruning them.
@@ -47,12 +48,13 @@ pub mod stats;
 pub mod stuck;
 pub mod sweep;
 pub mod trace;
+pub mod wal;
 
 pub use backoff::Backoff;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError, InboxErrorKind};
 pub use executor::{Executor, RetryPolicy, Unit, panic_message};
 pub use inbox::{FastPath, Handle, Inbox, Outcome};
-pub use outbox::{EventError, NewEvent, Outbox, OutboxError};
+pub use outbox::{EventError, NewEvent, Outbox, OutboxError, OutboxMode};
 pub use registry::{Effect, HandlerKind, Registration, Registry};
 pub use state::{ClaimState, OutboxState};

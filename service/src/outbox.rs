@@ -6,6 +6,7 @@
 //! exactly when the business change does; the relay publishes it afterwards.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
@@ -16,6 +17,7 @@ use sea_orm::{
 use entity::outbox_message;
 
 use crate::envelope::HEADER_CORRELATION_ID;
+use crate::wal::{self, WalEvent};
 
 /// An event to publish once the surrounding transaction commits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +95,10 @@ pub enum EventError {
     /// A header value spans lines.
     #[error("header {0:?} has a value with CR/LF")]
     HeaderValue(String),
+    /// A field is longer than the WAL encoding carries (a subject or message
+    /// id over 64 KiB, a payload over 4 GiB).
+    #[error("{0}")]
+    TooLong(String),
 }
 
 /// Checks an id for `Nats-Msg-Id` (the relay checks rows with it too, since
@@ -145,27 +151,57 @@ impl From<OutboxError> for crate::HandlerError {
     }
 }
 
-/// Writes outbox rows. It takes a `&DatabaseTransaction`, not a connection, so
-/// an event can only be recorded as part of a business transaction.
+/// Where events are recorded: rows of `outbox_message` (every backend), or
+/// logical messages in PostgreSQL's write-ahead log ([`crate::wal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutboxMode {
+    /// A row per event, published by the table relay.
+    #[default]
+    Table,
+    /// One logical message per enqueue call, relayed from a replication slot.
+    Wal,
+}
+
+/// The process's outbox mode: set once at start-up from the configuration,
+/// read by every enqueue. A handler's code is the same in both modes.
+static WAL_MODE: AtomicBool = AtomicBool::new(false);
+
+/// Writes outbox events. It takes a `&DatabaseTransaction`, not a
+/// connection, so an event can only be recorded as part of a business
+/// transaction.
 pub struct Outbox;
 
 impl Outbox {
+    /// Makes every later enqueue of this process record events the `mode`
+    /// way. Start-up calls it before any handler runs.
+    pub fn set_mode(mode: OutboxMode) {
+        WAL_MODE.store(mode == OutboxMode::Wal, Ordering::Relaxed);
+    }
+
+    /// The process's outbox mode.
+    pub fn mode() -> OutboxMode {
+        if WAL_MODE.load(Ordering::Relaxed) {
+            OutboxMode::Wal
+        } else {
+            OutboxMode::Table
+        }
+    }
+
     /// Records `event` in `txn`. It becomes visible to the relay when `txn`
     /// commits, and never if it rolls back.
     ///
     /// # Errors
     /// [`OutboxError::Invalid`] for an event NATS cannot carry (nothing is
-    /// written), or the insert's database error.
+    /// written), or the database error.
     pub async fn enqueue(txn: &DatabaseTransaction, event: NewEvent) -> Result<(), OutboxError> {
-        outbox_message::Entity::insert(row(event, Utc::now())?)
-            .exec_without_returning(txn)
-            .await?;
-        Ok(())
+        Self::enqueue_all(txn, [event]).await
     }
 
-    /// Records many events in `txn` with multi-row inserts (one round trip
-    /// per [`ROWS_PER_INSERT`] events rather than one per event), in the
-    /// order given, which is also their publishing order per ordering key.
+    /// Records many events in `txn`, in the order given, which is also their
+    /// publishing order per ordering key: with multi-row inserts (one round
+    /// trip per [`ROWS_PER_INSERT`] events rather than one per event), or in
+    /// WAL mode as one logical message.
     ///
     /// # Errors
     /// As [`Outbox::enqueue`]; on an error none of the events is recorded
@@ -175,9 +211,21 @@ impl Outbox {
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<(), OutboxError> {
         let now = Utc::now();
+        let events = events
+            .into_iter()
+            .map(|event| stamp(event, now))
+            .collect::<Result<Vec<_>, _>>()?;
+        if events.is_empty() {
+            return Ok(());
+        }
+        if Self::mode() == OutboxMode::Wal {
+            let content = wal::encode(&events).map_err(|e| EventError::TooLong(e.to_string()))?;
+            wal::emit(txn, content).await?;
+            return Ok(());
+        }
         let rows = events
             .into_iter()
-            .map(|event| row(event, now))
+            .map(row_of)
             .collect::<Result<Vec<_>, _>>()?;
         for chunk in rows.chunks(ROWS_PER_INSERT) {
             outbox_message::Entity::insert_many(chunk.to_vec())
@@ -223,11 +271,9 @@ impl Cause {
 /// 32,766 and PostgreSQL's 65,535 parameters per statement.
 pub const ROWS_PER_INSERT: usize = 1_000;
 
-/// The pending outbox row for `event`, publishable from `now`.
-fn row(
-    mut event: NewEvent,
-    now: DateTime<Utc>,
-) -> Result<outbox_message::ActiveModel, OutboxError> {
+/// `event` checked and completed as it will be published: its correlation
+/// header, its trace context, and the message that caused it.
+fn stamp(mut event: NewEvent, now: DateTime<Utc>) -> Result<WalEvent, OutboxError> {
     event.validate()?;
     let cause = Cause::current();
     let correlation = cause
@@ -240,6 +286,26 @@ fn row(
     // The event belongs to the trace of the message whose handler wrote it.
     let carried = cause.as_ref().map(|c| c.trace.clone()).unwrap_or_default();
     crate::trace::inject_current(&mut event.headers, &carried);
+    Ok(WalEvent {
+        message_id: event.message_id,
+        subject: event.subject,
+        ordering_key: event.ordering_key,
+        headers: event.headers,
+        payload: event.payload,
+        causation_id: cause.as_ref().map(|c| c.message_id.clone()),
+        causation_consumer: cause.map(|c| c.consumer),
+        correlation_id: Some(correlation),
+        created_at: now,
+    })
+}
+
+/// The outbox row holding `event`, pending and publishable from its
+/// creation time. The WAL relay also writes an event it could not publish
+/// as such a row, marked dead, so operators see and retry it as any other.
+///
+/// # Errors
+/// [`DbErr::Json`] if the headers cannot be stored as JSON.
+pub fn row_of(event: WalEvent) -> Result<outbox_message::ActiveModel, DbErr> {
     let headers = serde_json::to_value(&event.headers).map_err(|e| DbErr::Json(e.to_string()))?;
     Ok(outbox_message::ActiveModel {
         id: NotSet,
@@ -248,16 +314,16 @@ fn row(
         payload: Set(event.payload),
         headers: Set(headers),
         ordering_key: Set(event.ordering_key),
-        created_at: Set(now),
+        created_at: Set(event.created_at),
         published_at: Set(None),
         attempts: Set(0),
         last_error: Set(None),
-        next_attempt_at: Set(now),
+        next_attempt_at: Set(event.created_at),
         locked_by: Set(None),
         locked_until: Set(None),
         dead_at: Set(None),
-        causation_id: Set(cause.as_ref().map(|c| c.message_id.clone())),
-        causation_consumer: Set(cause.map(|c| c.consumer)),
-        correlation_id: Set(Some(correlation)),
+        causation_id: Set(event.causation_id),
+        causation_consumer: Set(event.causation_consumer),
+        correlation_id: Set(event.correlation_id),
     })
 }

@@ -16,3 +16,4 @@ mod relay;
 mod relay_edges;
 mod replay;
 mod shutdown;
+mod wal;

@@ -44,6 +44,9 @@ authorization {{
 }
 
 async fn admin_client(server: &NatsServer, ca: &Path) -> async_nats::Client {
+    // As seawall's binaries do: the tree enables more than one rustls
+    // provider, so none is picked by default.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin".into())
         .add_root_certificates(ca.to_path_buf())
         .require_tls(true)

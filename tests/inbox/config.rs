@@ -30,9 +30,34 @@ fn a_non_numeric_setting_stops_startup_naming_the_key() {
 #[test]
 fn an_unknown_log_format_or_filter_stops_startup_naming_the_variable() {
     let out = seawall(&["migrate"], &[("SEAWALL_LOG_FORMAT", "xml")]);
-    fails_naming(&out, "SEAWALL_LOG_FORMAT must be `text` or `json`, got \"xml\"");
+    fails_naming(
+        &out,
+        "SEAWALL_LOG_FORMAT must be `text` or `json`, got \"xml\"",
+    );
     let out = seawall(&["migrate"], &[("SEAWALL_LOG", "worker=loud")]);
     fails_naming(&out, "SEAWALL_LOG is not a log filter");
+}
+
+#[test]
+fn wal_mode_off_postgresql_or_a_bad_slot_name_stops_startup_naming_the_key() {
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_OUTBOX_MODE", "wal"),
+            ("SEAWALL_DATABASE_URL", "sqlite://x.db"),
+        ],
+    );
+    fails_naming(&out, "outbox_mode");
+    let out = seawall(&["migrate"], &[("SEAWALL_OUTBOX_MODE", "rows")]);
+    fails_naming(&out, "outbox_mode");
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_DATABASE_URL", "postgres://127.0.0.1:1/x"),
+            ("SEAWALL_WAL_SLOT", "Bad-Name"),
+        ],
+    );
+    fails_naming(&out, "wal_slot");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 mod batch;
 mod store;
+pub mod wal;
 
 use batch::Batch;
 
@@ -226,7 +227,7 @@ impl Relay {
             unpublished.extend(chain.skipped);
             if let Some((row, error)) = chain.failed {
                 report.failed += 1;
-                let error = self.explain(&row.subject, error);
+                let error = explain(self.config.server_errors.as_ref(), &row.subject, error);
                 let retry_after = self.backoff(row.attempts);
                 if batch
                     .mark_failed(&row, &error, retry_after, self.config.max_attempts)
@@ -242,20 +243,6 @@ impl Relay {
         report.published =
             usize::try_from(batch.mark_published(published).await?).unwrap_or(usize::MAX);
         Ok(unpublished)
-    }
-
-    /// `error`, with the server's own reason in front when it refused the
-    /// publish for lack of permission (the client only saw a timeout).
-    fn explain(&self, subject: &str, error: String) -> String {
-        let violation = self
-            .config
-            .server_errors
-            .as_ref()
-            .and_then(|errors| errors.publish_violation(subject));
-        match violation {
-            Some(reason) => format!("{reason} ({error})"),
-            None => error,
-        }
     }
 
     /// Publishes a key's rows one after another, stopping at the first
@@ -287,44 +274,16 @@ impl Relay {
         row: &outbox_message::Model,
         payload: Vec<u8>,
     ) -> Result<(), String> {
-        let started = std::time::Instant::now();
-        // A child of the handler that wrote the row; the consumer on the
-        // other side becomes a child of this span.
-        let span = tracing::info_span!(
-            "outbox.publish",
-            message_id = %row.message_id,
-            subject = %row.subject,
-        );
-        let mut message = publish_message(row, payload)?;
-        // Traced only when this process exports traces; otherwise the row's
-        // trace headers go out as stored.
-        if !span.is_disabled() {
-            let stored: BTreeMap<String, String> = row
-                .headers
+        let message = publish_message(row, payload)?;
+        let stored = || {
+            row.headers
                 .as_object()
                 .into_iter()
                 .flatten()
                 .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
-                .collect();
-            service::trace::continue_from(&span, &stored);
-            for (name, value) in service::trace::headers_of(&span) {
-                message = message.header(name.as_str(), value.as_str());
-            }
-        }
-        async {
-            let ack: PublishAckFuture = self
-                .js
-                .send_publish(row.subject.clone(), message)
-                .await
-                .map_err(|e| format!("publish to {}: {e}", row.subject))?;
-            ack.await
-                .map_err(|e| format!("PubAck for {}: {e}", row.subject))?;
-            metrics::histogram!("seawall_relay_publish_seconds")
-                .record(started.elapsed().as_secs_f64());
-            Ok(())
-        }
-        .instrument(span)
-        .await
+                .collect()
+        };
+        send(&self.js, &row.subject, &row.message_id, &stored, message).await
     }
 
     fn backoff(&self, attempts_so_far: i32) -> Duration {
@@ -396,13 +355,24 @@ struct ChainResult {
     skipped: Vec<i64>,
 }
 
+/// `error`, with the server's own reason in front when it refused the
+/// publish for lack of permission (the client only saw a timeout).
+pub(crate) fn explain(
+    server_errors: Option<&crate::ServerErrors>,
+    subject: &str,
+    error: String,
+) -> String {
+    match server_errors.and_then(|errors| errors.publish_violation(subject)) {
+        Some(reason) => format!("{reason} ({error})"),
+        None => error,
+    }
+}
+
 /// Builds the NATS message for a row: its headers plus `Nats-Msg-Id`, around
 /// `payload` (the row's, handed over by value so it is not copied).
 ///
 /// Rows can be written by hand or by an older build, so everything is checked
-/// here rather than trusted: async-nats panics on a header name with a space
-/// or `:` and on values with CR/LF, and a panic would end the relay and then
-/// repeat on the same batch after every restart.
+/// here rather than trusted (see [`message`]).
 ///
 /// # Errors
 /// Why the row cannot be encoded; the relay records it as a failed attempt.
@@ -410,26 +380,86 @@ pub fn publish_message(
     row: &outbox_message::Model,
     payload: Vec<u8>,
 ) -> Result<PublishMessage, String> {
-    check_message_id(&row.message_id).map_err(|e| e.to_string())?;
-    let mut headers = HeaderMap::new();
-    match &row.headers {
-        JsonValue::Null => {}
-        JsonValue::Object(map) => {
-            for (name, value) in map {
-                let value = value
+    let headers: Vec<(&str, &str)> = match &row.headers {
+        JsonValue::Null => Vec::new(),
+        JsonValue::Object(map) => map
+            .iter()
+            .map(|(name, value)| {
+                value
                     .as_str()
-                    .ok_or_else(|| format!("header {name:?} is not a string"))?;
-                check_header(name, value).map_err(|e| e.to_string())?;
-                let name: HeaderName = name.parse().map_err(|e| format!("header {name:?}: {e}"))?;
-                let value: HeaderValue =
-                    value.parse().map_err(|e| format!("header {name}: {e}"))?;
-                headers.insert(name, value);
-            }
-        }
+                    .map(|value| (name.as_str(), value))
+                    .ok_or_else(|| format!("header {name:?} is not a string"))
+            })
+            .collect::<Result<_, _>>()?,
         other => return Err(format!("headers must be a JSON object, not {other}")),
+    };
+    message(&row.message_id, headers, payload)
+}
+
+/// The NATS message of an event: `headers` plus `Nats-Msg-Id` = `message_id`
+/// around `payload`.
+///
+/// Outbox rows and WAL messages can both be written by hand, so everything
+/// is checked here rather than trusted: async-nats panics on a header name
+/// with a space or `:` and on values with CR/LF, and a panic would end the
+/// relay and then repeat on the same event after every restart.
+///
+/// # Errors
+/// Why the event cannot be encoded.
+pub fn message<'a>(
+    message_id: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    payload: Vec<u8>,
+) -> Result<PublishMessage, String> {
+    check_message_id(message_id).map_err(|e| e.to_string())?;
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        check_header(name, value).map_err(|e| e.to_string())?;
+        let name: HeaderName = name.parse().map_err(|e| format!("header {name:?}: {e}"))?;
+        let value: HeaderValue = value.parse().map_err(|e| format!("header {name}: {e}"))?;
+        map.insert(name, value);
     }
     Ok(PublishMessage::build()
-        .headers(headers)
+        .headers(map)
         .payload(payload.into())
-        .message_id(&row.message_id))
+        .message_id(message_id))
+}
+
+/// Publishes `message` on `subject` and waits for its PubAck, inside an
+/// `outbox.publish` span: a child of the handler that wrote the event (from
+/// its `stored` trace headers), whose own context goes out with the message
+/// so the consumer on the other side becomes its child. Traced only when
+/// this process exports traces; otherwise the stored trace headers go out
+/// as they are, and `stored` is never called.
+///
+/// # Errors
+/// The publish or PubAck failure, as text for `last_error`.
+pub(crate) async fn send(
+    js: &jetstream::Context,
+    subject: &str,
+    message_id: &str,
+    stored: &(dyn Fn() -> BTreeMap<String, String> + Sync),
+    mut message: PublishMessage,
+) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let span = tracing::info_span!("outbox.publish", message_id = %message_id, subject = %subject);
+    if !span.is_disabled() {
+        service::trace::continue_from(&span, &stored());
+        for (name, value) in service::trace::headers_of(&span) {
+            message = message.header(name.as_str(), value.as_str());
+        }
+    }
+    async {
+        let ack: PublishAckFuture = js
+            .send_publish(subject.to_owned(), message)
+            .await
+            .map_err(|e| format!("publish to {subject}: {e}"))?;
+        ack.await
+            .map_err(|e| format!("PubAck for {subject}: {e}"))?;
+        metrics::histogram!("seawall_relay_publish_seconds")
+            .record(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+    .instrument(span)
+    .await
 }

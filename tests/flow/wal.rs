@@ -1,0 +1,350 @@
+//! The WAL outbox mode on PostgreSQL: handlers write events into the
+//! write-ahead log, and the WAL relay publishes them from a replication slot.
+
+use std::time::Duration;
+
+use entity::{dead_letter, outbox_message};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, FromQueryResult,
+    PaginatorTrait, QueryFilter, Statement, TransactionTrait,
+};
+use service::{NewEvent, Outbox, OutboxMode};
+
+use crate::helpers::{
+    applied_events_once_each, env, publish_entries, req, stored_on, with_ledger_stream,
+};
+use crate::support::domain::{Entry, RECORDED_SUBJECT};
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb, wait_until};
+
+/// `extra` plus WAL mode, for a process on `t` and `nats_url`.
+fn wal_env(t: &TestDb, nats_url: &str, extra: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+    let mut all = vec![("SEAWALL_OUTBOX_MODE", "wal")];
+    all.extend_from_slice(extra);
+    env(&t.url, nats_url, &all)
+}
+
+/// The slot seawall names after the test's database.
+fn slot_of(t: &TestDb) -> String {
+    worker::relay::wal::default_slot_name(&t.url)
+}
+
+/// Drops the test's slot with `seawall relay --drop-slot`, so the shared
+/// server does not keep its WAL.
+fn drop_slot(t: &TestDb) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"))
+        .args(["relay", "--drop-slot"])
+        .env("SEAWALL_DATABASE_URL", &t.url)
+        .env("SEAWALL_OUTBOX_MODE", "wal")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("dropped replication slot"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes `events` in one transaction, in WAL mode.
+async fn commit_events(db: &DatabaseConnection, events: Vec<NewEvent>) {
+    let txn = db.begin().await.unwrap();
+    Outbox::enqueue_all(&txn, events).await.unwrap();
+    txn.commit().await.unwrap();
+}
+
+fn recorded(id: &str, key: Option<&str>) -> NewEvent {
+    let event = NewEvent::new(RECORDED_SUBJECT, format!("{{\"id\":\"{id}\"}}")).with_message_id(id);
+    match key {
+        Some(key) => event.with_ordering_key(key),
+        None => event,
+    }
+}
+
+/// `seawall run` in WAL mode: requests become credits and events, the
+/// events reach JetStream once each, and no outbox row is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wal_mode_relays_events_end_to_end_without_outbox_rows() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let mut run = Seawall::spawn(&["run"], &wal_env(&t, &nats.url(), &[]));
+    let msgs: Vec<_> = (0..300)
+        .map(|i| (format!("wal-{i}"), req(&format!("acct-{}", i % 7), 5)))
+        .collect();
+    publish_entries(&js, &msgs).await;
+    crate::helpers::wait_for_rows::<Entry>(&t.db, 300, Duration::from_secs(60)).await;
+    wait_until(
+        "300 events on the stream",
+        Duration::from_secs(60),
+        || async { stored_on(&js, RECORDED_SUBJECT).await.len() >= 300 },
+    )
+    .await;
+    assert_eq!(applied_events_once_each(&js).await, 300);
+    assert_eq!(
+        outbox_message::Entity::find().count(&t.db).await.unwrap(),
+        0,
+        "WAL mode writes no outbox rows"
+    );
+    wait_until("the chart counts them", Duration::from_secs(10), || async {
+        crate::support::charted(&t.db).await.0 >= 300
+    })
+    .await;
+    assert!(run.terminate().await.success(), "{}", run.log_text());
+    run.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// What must not be published is not, and what the broker refuses does
+/// not stop the rest: a rolled-back transaction's event never appears; an
+/// event on a subject no stream binds ends as a dead row with the server's
+/// error; a later event of a refused event's key waits behind it in the
+/// table, as in table mode; a seawall message that cannot be decoded is
+/// kept as a dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_and_rolled_back_events_do_not_stop_the_rest() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    Outbox::set_mode(OutboxMode::Wal);
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+
+    let txn = t.db.begin().await.unwrap();
+    Outbox::enqueue(&txn, recorded("rolled-back", None))
+        .await
+        .unwrap();
+    txn.rollback().await.unwrap();
+    commit_events(
+        &t.db,
+        vec![
+            recorded("a", Some("k1")),
+            NewEvent::new("nowhere.x", "{}").with_message_id("refused-x"),
+            recorded("b", None),
+        ],
+    )
+    .await;
+    commit_events(
+        &t.db,
+        vec![
+            NewEvent::new("nowhere.y", "{}")
+                .with_message_id("refused-y")
+                .with_ordering_key("k2"),
+            recorded("c", Some("k2")),
+        ],
+    )
+    .await;
+    t.db.execute_raw(Statement::from_string(
+        DbBackend::Postgres,
+        "SELECT pg_logical_emit_message(true, 'seawall.outbox', '\\x09'::bytea)",
+    ))
+    .await
+    .unwrap();
+    commit_events(&t.db, vec![recorded("d", Some("k1"))]).await;
+
+    let mut relay = Seawall::spawn(
+        &["relay"],
+        &wal_env(&t, &nats.url(), &[("SEAWALL_RELAY_MAX_ATTEMPTS", "2")]),
+    );
+    let dead = |id: &'static str| {
+        let db = t.db.clone();
+        async move {
+            outbox_message::Entity::find()
+                .filter(outbox_message::Column::MessageId.eq(id))
+                .filter(outbox_message::Column::DeadAt.is_not_null())
+                .count(&db)
+                .await
+                .unwrap()
+                == 1
+        }
+    };
+    wait_until(
+        "both refused events are dead rows",
+        Duration::from_secs(60),
+        || async { dead("refused-x").await && dead("refused-y").await },
+    )
+    .await;
+    wait_until(
+        "a, b and d are published",
+        Duration::from_secs(30),
+        || async { stored_on(&js, RECORDED_SUBJECT).await.len() >= 3 },
+    )
+    .await;
+    let ids: Vec<String> = stored_on(&js, RECORDED_SUBJECT)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    let position = |id: &str| ids.iter().position(|x| x == id);
+    assert_eq!(
+        ids.len(),
+        3,
+        "c waits behind its key's refused event: {ids:?}"
+    );
+    assert!(position("b").is_some(), "{ids:?}");
+    assert!(position("a") < position("d"), "k1 in commit order: {ids:?}");
+    let rows = outbox_message::Entity::find().all(&t.db).await.unwrap();
+    let row = |id: &str| rows.iter().find(|r| r.message_id == id).unwrap();
+    assert!(
+        row("refused-x")
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no stream")),
+        "{:?}",
+        row("refused-x")
+    );
+    let c = row("c");
+    assert!(c.published_at.is_none() && c.dead_at.is_none(), "{c:?}");
+    assert_eq!(rows.len(), 3, "only the refused events and c are rows");
+    let letters = dead_letter::Entity::find()
+        .filter(dead_letter::Column::Consumer.eq(worker::relay::wal::UNDECODABLE_CONSUMER))
+        .all(&t.db)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].payload, vec![9]);
+    assert!(
+        letters[0].error.contains("version 9"),
+        "{}",
+        letters[0].error
+    );
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
+#[derive(Debug, FromQueryResult)]
+struct ActivePid {
+    pid: Option<i32>,
+}
+
+/// The backend pid streaming the test's slot, if a relay holds it.
+async fn slot_holder(t: &TestDb) -> Option<i32> {
+    ActivePid::find_by_statement(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1",
+        [slot_of(t).into()],
+    ))
+    .one(&t.db)
+    .await
+    .unwrap()
+    .and_then(|r| r.pid)
+}
+
+/// Two relays on one slot: the first holds it, the second waits. The first
+/// is killed with SIGKILL while events flow; the second takes over, and
+/// every event is on the stream exactly once (the copies it republished
+/// from the unconfirmed part were dropped by JetStream's duplicate window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_takes_over_from_a_killed_relay_and_nothing_is_lost() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    Outbox::set_mode(OutboxMode::Wal);
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let cfg = wal_env(&t, &nats.url(), &[("SEAWALL_RELAY_BATCH_SIZE", "50")]);
+    let mut first = Seawall::spawn(&["relay"], &cfg);
+    wait_until(
+        "the first relay holds the slot",
+        Duration::from_secs(30),
+        || async { slot_holder(&t).await.is_some() },
+    )
+    .await;
+    let mut second = Seawall::spawn(&["relay"], &cfg);
+    let total = 2_000;
+    let writer = {
+        let db = t.db.clone();
+        tokio::spawn(async move {
+            for batch in 0..total / 10 {
+                let events = (0..10)
+                    .map(|i| recorded(&format!("t-{batch}-{i}"), Some(&format!("k{}", i % 3))))
+                    .collect();
+                commit_events(&db, events).await;
+            }
+        })
+    };
+    wait_until(
+        "some events are published",
+        Duration::from_secs(30),
+        || async { stored_on(&js, RECORDED_SUBJECT).await.len() >= 300 },
+    )
+    .await;
+    first.kill9().await;
+    writer.await.unwrap();
+    wait_until(
+        "every event is published",
+        Duration::from_secs(90),
+        || async { stored_on(&js, RECORDED_SUBJECT).await.len() >= total },
+    )
+    .await;
+    assert_eq!(applied_events_once_each(&js).await, total);
+    assert!(
+        second.log_text().contains("WAL relay holds the slot"),
+        "{}",
+        second.log_text()
+    );
+    assert!(second.terminate().await.success(), "{}", second.log_text());
+    second.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// nats-server restarts while events are written: the WAL relay's windows
+/// wait and go again, and every event arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wal_relay_survives_a_nats_restart() {
+    let (t, mut nats, _) = with_ledger_stream(Backend::Postgres).await;
+    Outbox::set_mode(OutboxMode::Wal);
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    commit_events(
+        &t.db,
+        (0..50)
+            .map(|i| recorded(&format!("before-{i}"), None))
+            .collect(),
+    )
+    .await;
+    let js = nats.jetstream().await;
+    wait_until(
+        "the first events are published",
+        Duration::from_secs(30),
+        || async { stored_on(&js, RECORDED_SUBJECT).await.len() >= 50 },
+    )
+    .await;
+    nats.stop();
+    commit_events(
+        &t.db,
+        (0..50)
+            .map(|i| recorded(&format!("during-{i}"), Some("k")))
+            .collect(),
+    )
+    .await;
+    wait_until(
+        "the relay meets the outage",
+        Duration::from_secs(60),
+        || async { relay.log_text().contains("NATS is unreachable") },
+    )
+    .await;
+    nats.restart().await;
+    let js = nats.jetstream().await;
+    commit_events(
+        &t.db,
+        (0..50)
+            .map(|i| recorded(&format!("after-{i}"), None))
+            .collect(),
+    )
+    .await;
+    wait_until(
+        "every event is published",
+        Duration::from_secs(90),
+        || async { stored_on(&js, RECORDED_SUBJECT).await.len() >= 150 },
+    )
+    .await;
+    assert_eq!(applied_events_once_each(&js).await, 150);
+    assert_eq!(
+        outbox_message::Entity::find().count(&t.db).await.unwrap(),
+        0,
+        "an unreachable broker hands nothing to the table"
+    );
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}

@@ -1,0 +1,714 @@
+//! The WAL relay (`outbox_mode = "wal"`, PostgreSQL): publishes the events
+//! handlers wrote into the write-ahead log ([`service::wal`]) by reading them
+//! from a logical replication slot, in commit order.
+//!
+//! - **The slot is the lock.** PostgreSQL lets one session stream from a slot
+//!   at a time; a second relay's `START_REPLICATION` is refused while the
+//!   first holds it, so the second waits as a standby and takes over within
+//!   [`WalRelayConfig::standby_retry`] of the first's connection dropping.
+//! - **Confirmed only when published.** The relay reads whole transactions
+//!   into a window, publishes the window's events with `Nats-Msg-Id` (PubAcks
+//!   pipelined; events sharing an ordering key one after another), and only
+//!   then confirms the window's end to the slot. A crash republishes at most
+//!   the unconfirmed windows, and JetStream's duplicate window drops the
+//!   copies.
+//! - **One event does not stop the rest.** When the broker is reachable but
+//!   refuses an event (no stream for its subject, a permission), the event is
+//!   handed to the table relay as a row of `outbox_message` with its error,
+//!   retried there with backoff and marked dead after the attempt limit,
+//!   where the API, dashboard and retry see it as in table mode. Later events
+//!   of its ordering key follow it into the table while any row of that key
+//!   is unpublished, so a key's order holds exactly as in table mode. When
+//!   the broker is unreachable, the window waits and goes again.
+//! - **Nothing is dropped.** A logical message with seawall's prefix that
+//!   this version cannot decode becomes a dead letter (consumer
+//!   [`UNDECODABLE_CONSUMER`]) holding its bytes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use chrono::Utc;
+use futures::FutureExt;
+use futures::future::join_all;
+use pgwire_replication::{
+    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
+};
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
+    EntityTrait, FromQueryResult, QueryFilter, QuerySelect, Statement, TransactionTrait,
+};
+use tokio_util::sync::CancellationToken;
+
+use entity::{dead_letter, outbox_message};
+use service::rollup::{self, Tally};
+use service::state::OutboxState;
+use service::wal::{self, WalEvent};
+
+/// The consumer named on dead letters of logical messages the relay could
+/// not decode.
+pub const UNDECODABLE_CONSUMER: &str = "wal-relay";
+
+/// WAL relay settings.
+#[derive(Debug, Clone)]
+pub struct WalRelayConfig {
+    /// The database, as `database_url` names it (the replication connection
+    /// uses its host, port, user, password, database and `sslmode`).
+    pub database_url: String,
+    /// The logical replication slot (and publication) name.
+    pub slot: String,
+    /// Events per window, rounded up to whole transactions.
+    pub window: usize,
+    /// How often a standby tries to take the slot over.
+    pub standby_retry: Duration,
+    /// First backoff (after a failed window or lost stream); doubles.
+    pub retry_base: Duration,
+    /// Longest backoff.
+    pub retry_max: Duration,
+    /// The connection's server errors, to explain a refused publish.
+    pub server_errors: Option<crate::ServerErrors>,
+}
+
+/// Why the WAL relay cannot run, or why a session ended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WalError {
+    /// The server does not decode its WAL logically.
+    #[error(
+        "outbox_mode = \"wal\" needs PostgreSQL's wal_level = logical, but it is {0:?}: set wal_level = logical (and max_replication_slots, max_wal_senders of at least 1 each) in postgresql.conf and restart PostgreSQL, or use outbox_mode = \"table\""
+    )]
+    WalLevel(String),
+    /// A slot of that name exists for something else.
+    #[error(
+        "replication slot {slot:?} exists but {problem}; set wal_slot to another name, or drop it with `seawall relay --drop-slot` if it is an abandoned seawall slot"
+    )]
+    ForeignSlot {
+        /// The slot.
+        slot: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// `database_url` cannot be turned into a replication connection.
+    #[error("database_url cannot be used for the replication connection: {0}")]
+    Url(String),
+    /// The slot is held by a running relay (drop refused).
+    #[error(
+        "replication slot {0:?} is in use by a running relay; stop the relays before dropping it"
+    )]
+    SlotActive(String),
+    /// Another relay holds the slot: this one is a standby.
+    #[error("replication slot {0:?} is held by another relay")]
+    Standby(String),
+    /// A database statement failed.
+    #[error("WAL relay database error: {0}")]
+    Database(#[from] DbErr),
+    /// The replication stream failed.
+    #[error("WAL relay replication stream: {0}")]
+    Replication(#[from] PgWireError),
+}
+
+/// A SQL literal-free check of a slot name: PostgreSQL allows lower-case
+/// letters, digits and underscores, at most 63 bytes.
+pub fn valid_slot_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// The default slot name for a database URL: `seawall_` and the database
+/// name (lower-cased, other characters as `_`), so services sharing a
+/// PostgreSQL cluster get a slot each.
+pub fn default_slot_name(database_url: &str) -> String {
+    let database = url::Url::parse(database_url)
+        .ok()
+        .map(|u| u.path().trim_start_matches('/').to_owned())
+        .unwrap_or_default();
+    let mut slot: String = format!("seawall_{database}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    slot.truncate(63);
+    slot
+}
+
+#[derive(Debug, FromQueryResult)]
+struct Setting {
+    value: String,
+}
+
+#[derive(Debug, FromQueryResult)]
+struct SlotRow {
+    plugin: Option<String>,
+    slot_type: String,
+    database: Option<String>,
+    active: bool,
+}
+
+async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
+    Ok(
+        Setting::find_by_statement(Statement::from_string(DbBackend::Postgres, sql))
+            .one(db)
+            .await?
+            .map(|s| s.value)
+            .unwrap_or_default(),
+    )
+}
+
+async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>, DbErr> {
+    SlotRow::find_by_statement(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT plugin::text AS plugin, slot_type, database::text AS database, active FROM pg_replication_slots WHERE slot_name = $1",
+        [slot.into()],
+    ))
+    .one(db)
+    .await
+}
+
+/// Checks that the server can run the WAL relay and creates its slot and
+/// publication when missing. Several relays starting at once create them
+/// once.
+///
+/// # Errors
+/// [`WalError::WalLevel`] naming the setting to change,
+/// [`WalError::ForeignSlot`] for a slot of that name made for something
+/// else, or the database error (for example missing `REPLICATION`
+/// privilege).
+pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), WalError> {
+    let level = one_text(db, "SELECT current_setting('wal_level') AS value").await?;
+    if level != "logical" {
+        return Err(WalError::WalLevel(level));
+    }
+    let database = one_text(db, "SELECT current_database()::text AS value").await?;
+    if slot_row(db, slot).await?.is_none() {
+        let created = db
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                [slot.into()],
+            ))
+            .await;
+        // Another relay may have created it in the meantime.
+        if let Err(err) = created
+            && slot_row(db, slot).await?.is_none()
+        {
+            return Err(err.into());
+        }
+    }
+    let Some(row) = slot_row(db, slot).await? else {
+        return Err(WalError::ForeignSlot {
+            slot: slot.to_owned(),
+            problem: "vanished while being checked".into(),
+        });
+    };
+    let problem = if row.slot_type != "logical" || row.plugin.as_deref() != Some("pgoutput") {
+        Some(format!(
+            "is a {} slot of plugin {:?}, not a logical pgoutput slot",
+            row.slot_type, row.plugin
+        ))
+    } else if row.database.as_deref() != Some(database.as_str()) {
+        Some(format!(
+            "belongs to database {:?}, not {database:?}",
+            row.database
+        ))
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(WalError::ForeignSlot {
+            slot: slot.to_owned(),
+            problem,
+        });
+    }
+    // An empty publication: logical messages reach the slot whatever the
+    // publication holds, and no table's changes are decoded for nothing.
+    let exists = one_text(
+        db,
+        &format!("SELECT count(*)::text AS value FROM pg_publication WHERE pubname = '{slot}'"),
+    )
+    .await?;
+    if exists == "0" {
+        let created = db
+            .execute_unprepared(&format!("CREATE PUBLICATION {slot}"))
+            .await;
+        if let Err(err) = created
+            && !err.to_string().contains("already exists")
+        {
+            return Err(err.into());
+        }
+    }
+    Ok(())
+}
+
+/// Drops the slot and its publication (`seawall relay --drop-slot`): the
+/// WAL it retained is freed, and events not yet relayed from it are gone.
+/// Returns whether a slot was dropped.
+///
+/// # Errors
+/// [`WalError::SlotActive`] while a relay streams from it; the database
+/// error otherwise.
+pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, WalError> {
+    let dropped = match slot_row(db, slot).await? {
+        Some(row) if row.active => return Err(WalError::SlotActive(slot.to_owned())),
+        Some(_) => {
+            db.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_drop_replication_slot($1)",
+                [slot.into()],
+            ))
+            .await?;
+            true
+        }
+        None => false,
+    };
+    db.execute_unprepared(&format!("DROP PUBLICATION IF EXISTS {slot}"))
+        .await?;
+    Ok(dropped)
+}
+
+/// The replication connection's settings, from `database_url`.
+fn replication_config(url: &str, slot: &str) -> Result<ReplicationConfig, WalError> {
+    let parsed = url::Url::parse(url).map_err(|e| WalError::Url(e.to_string()))?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|e| WalError::Url(e.to_string()))
+    };
+    let host = parsed.host_str().unwrap_or("localhost").to_owned();
+    let user = match parsed.username() {
+        "" => "postgres".to_owned(),
+        user => decode(user)?,
+    };
+    let password = decode(parsed.password().unwrap_or(""))?;
+    let database = match decode(parsed.path().trim_start_matches('/'))? {
+        d if d.is_empty() => user.clone(),
+        d => d,
+    };
+    let query: BTreeMap<String, String> = parsed.query_pairs().into_owned().collect();
+    let root = query.get("sslrootcert").map(Into::into);
+    let tls = match query.get("sslmode").map(String::as_str) {
+        None | Some("disable" | "allow" | "prefer") => TlsConfig::disabled(),
+        Some("require") => TlsConfig::require(),
+        Some("verify-ca") => TlsConfig::verify_ca(root),
+        Some("verify-full") => TlsConfig::verify_full(root),
+        Some(other) => return Err(WalError::Url(format!("unknown sslmode {other:?}"))),
+    };
+    Ok(
+        ReplicationConfig::new(host, user, password, database, slot, slot)
+            .with_port(parsed.port().unwrap_or(5432))
+            .with_tls(tls)
+            .with_status_interval(Duration::from_secs(1))
+            .with_wakeup_interval(Duration::from_secs(1))
+            .with_application_name(format!("seawall-relay {}", std::process::id())),
+    )
+}
+
+/// Committed transactions read from the slot, up to a commit boundary.
+#[derive(Debug, Default)]
+struct Window {
+    /// Their events, in commit order.
+    events: Vec<WalEvent>,
+    /// Where the slot may be confirmed once they are published.
+    end: Option<Lsn>,
+    /// Commit time of the last transaction (microseconds since 2000-01-01).
+    commit_time: Option<i64>,
+    /// Seawall messages this version could not decode, with why.
+    undecodable: Vec<(Vec<u8>, String)>,
+}
+
+/// A key's (or a key-less event's) publishing outcome in a window.
+#[derive(Debug, Default)]
+struct Chain {
+    published: usize,
+    /// The first event that failed, its error, and the events after it.
+    failed: Option<(WalEvent, String, Vec<WalEvent>)>,
+}
+
+/// Relays the outbox from the WAL.
+pub struct WalRelay {
+    db: DatabaseConnection,
+    js: jetstream::Context,
+    config: WalRelayConfig,
+}
+
+impl WalRelay {
+    /// A relay of `config.slot` on `db` (which [`prepare`] checked) into `js`.
+    pub fn new(db: DatabaseConnection, js: jetstream::Context, config: WalRelayConfig) -> Self {
+        Self { db, js, config }
+    }
+
+    /// Reads the slot while this relay holds it, and waits as a standby
+    /// while another does, until `cancel` fires. Lost streams and database
+    /// trouble are logged and retried with backoff; it never gives up.
+    pub async fn run(&self, cancel: CancellationToken) {
+        let mut failures = 0u32;
+        let mut standby_logged = false;
+        while !cancel.is_cancelled() {
+            let wait = match self.session(&cancel).await {
+                Ok(()) => break,
+                Err(WalError::Standby(slot)) => {
+                    if !standby_logged {
+                        tracing::info!(%slot, "another relay holds the WAL slot; waiting as a standby");
+                        standby_logged = true;
+                    }
+                    metrics::gauge!("seawall_wal_relay_active").set(0.0);
+                    self.config.standby_retry
+                }
+                Err(err) => {
+                    failures = failures.saturating_add(1);
+                    metrics::gauge!("seawall_wal_relay_active").set(0.0);
+                    tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
+                    service::Backoff::new(self.config.retry_base, self.config.retry_max)
+                        .delay(failures)
+                }
+            };
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        metrics::gauge!("seawall_wal_relay_active").set(0.0);
+    }
+
+    /// One replication session: take the slot, then relay windows until
+    /// `cancel` fires or the stream fails.
+    async fn session(&self, cancel: &CancellationToken) -> Result<(), WalError> {
+        let config = replication_config(&self.config.database_url, &self.config.slot)?;
+        let mut client = ReplicationClient::connect_gated(config).await?;
+        client.start().await?;
+        if let Err(err) = client.wait_started().await {
+            if err.to_string().contains("is active for PID") {
+                return Err(WalError::Standby(self.config.slot.clone()));
+            }
+            return Err(err.into());
+        }
+        tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
+        metrics::gauge!("seawall_wal_relay_active").set(1.0);
+        let mut held = self.held_keys().await?;
+        loop {
+            let window = tokio::select! {
+                () = cancel.cancelled() => break,
+                window = self.read_window(&mut client) => window?,
+            };
+            self.relay_window(&window, &mut held, cancel).await?;
+            if let Some(end) = window.end {
+                client.update_applied_lsn(end);
+            }
+            metrics::gauge!("seawall_relay_heartbeat_timestamp_seconds")
+                .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+            if let Some(commit) = window.commit_time {
+                // PostgreSQL's epoch is 2000-01-01.
+                let commit_ms = commit / 1000 + 946_684_800_000;
+                let lag = (Utc::now().timestamp_millis() - commit_ms).max(0);
+                metrics::gauge!("seawall_wal_relay_lag_seconds").set(lag as f64 / 1000.0);
+            }
+        }
+        client.stop();
+        Ok(())
+    }
+
+    /// Reads committed transactions until the window holds
+    /// [`WalRelayConfig::window`] events or nothing more is ready; waits for
+    /// the first one (or a keepalive that moves the position on).
+    async fn read_window(&self, client: &mut ReplicationClient) -> Result<Window, WalError> {
+        let mut window = Window::default();
+        let mut open: Option<Vec<WalEvent>> = None;
+        loop {
+            let waiting = open.is_some() || (window.events.is_empty() && window.end.is_none());
+            let event = if waiting {
+                client.recv().await?
+            } else {
+                match client.recv().now_or_never() {
+                    Some(event) => event?,
+                    None => return Ok(window),
+                }
+            };
+            let Some(event) = event else {
+                return Err(WalError::Replication(PgWireError::Protocol(
+                    "the replication stream ended".into(),
+                )));
+            };
+            match event {
+                ReplicationEvent::Begin {
+                    commit_time_micros, ..
+                } => {
+                    open = Some(Vec::new());
+                    window.commit_time = Some(commit_time_micros);
+                }
+                ReplicationEvent::Message {
+                    prefix,
+                    content,
+                    transactional,
+                    lsn,
+                } if prefix == wal::PREFIX => match wal::decode(&content) {
+                    Ok(events) => match open.as_mut() {
+                        Some(txn) if transactional => txn.extend(events),
+                        _ => {
+                            window.events.extend(events);
+                            window.end = window.end.max(Some(lsn));
+                        }
+                    },
+                    Err(err) => window.undecodable.push((content.to_vec(), err.to_string())),
+                },
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    window.events.extend(open.take().unwrap_or_default());
+                    window.end = window.end.max(Some(end_lsn));
+                    if window.events.len() >= self.config.window {
+                        return Ok(window);
+                    }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } if open.is_none() => {
+                    window.end = window.end.max(Some(wal_end));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The ordering keys with unpublished rows in `outbox_message`: their
+    /// later events must queue behind those rows.
+    async fn held_keys(&self) -> Result<HashSet<String>, DbErr> {
+        let keys: Vec<Option<String>> = outbox_message::Entity::find()
+            .select_only()
+            .column(outbox_message::Column::OrderingKey)
+            .distinct()
+            .filter(OutboxState::unpublished())
+            .filter(outbox_message::Column::OrderingKey.is_not_null())
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(keys.into_iter().flatten().collect())
+    }
+
+    /// Publishes a window's events, hands what the broker refused (and what
+    /// must queue behind it) to the table, and records undecodable messages;
+    /// returns once all of that is durable. A window the broker could not
+    /// take at all (disconnected) goes again after a backoff.
+    async fn relay_window(
+        &self,
+        window: &Window,
+        held: &mut HashSet<String>,
+        cancel: &CancellationToken,
+    ) -> Result<(), WalError> {
+        let mut attempt = 0u32;
+        loop {
+            if !held.is_empty() {
+                *held = self.held_keys().await?;
+            }
+            let (queued, chains) = split(window.events.clone(), held);
+            let results = join_all(chains.into_iter().map(|chain| self.publish_chain(chain))).await;
+            let failed = results.iter().any(|c| c.failed.is_some());
+            let connected =
+                self.js.client().connection_state() == async_nats::connection::State::Connected;
+            if failed && !connected && !cancel.is_cancelled() {
+                attempt = attempt.saturating_add(1);
+                let wait = service::Backoff::new(self.config.retry_base, self.config.retry_max)
+                    .delay(attempt);
+                tracing::warn!(?wait, "NATS is unreachable; the WAL window goes again");
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            let published: usize = results.iter().map(|c| c.published).sum();
+            metrics::counter!("seawall_relay_published_total").increment(published as u64);
+            let mut rows = Vec::new();
+            for event in queued {
+                rows.push(service::outbox::row_of(event)?);
+            }
+            for chain in results {
+                let Some((event, error, rest)) = chain.failed else {
+                    continue;
+                };
+                metrics::counter!("seawall_relay_failed_total").increment(1);
+                let error = crate::relay::explain(
+                    self.config.server_errors.as_ref(),
+                    &event.subject,
+                    error,
+                );
+                tracing::warn!(message_id = %event.message_id, subject = %event.subject, %error, "publish refused; the event goes to the outbox table to be retried");
+                if let Some(key) = &event.ordering_key {
+                    held.insert(key.clone());
+                }
+                let mut row = service::outbox::row_of(event)?;
+                row.attempts = Set(1);
+                row.last_error = Set(Some(error));
+                row.next_attempt_at = Set(Utc::now() + super::store::span(self.config.retry_base));
+                rows.push(row);
+                for event in rest {
+                    rows.push(service::outbox::row_of(event)?);
+                }
+            }
+            self.record(published, rows, &window.undecodable).await?;
+            return Ok(());
+        }
+    }
+
+    /// Publishes a chain (one key's events, or one key-less event) in order,
+    /// stopping at the first failure.
+    async fn publish_chain(&self, chain: Vec<WalEvent>) -> Chain {
+        let mut result = Chain::default();
+        let mut events = chain.into_iter();
+        while let Some(event) = events.next() {
+            match self.publish(&event).await {
+                Ok(()) => result.published += 1,
+                Err(error) => {
+                    result.failed = Some((event, error, events.collect()));
+                    break;
+                }
+            }
+        }
+        result
+    }
+
+    async fn publish(&self, event: &WalEvent) -> Result<(), String> {
+        let headers = event
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()));
+        let message = crate::relay::message(&event.message_id, headers, event.payload.clone())?;
+        let stored = || event.headers.clone();
+        crate::relay::send(
+            &self.js,
+            &event.subject,
+            &event.message_id,
+            &stored,
+            message,
+        )
+        .await
+    }
+
+    /// Writes the rows handed to the table, the dead letters of undecodable
+    /// messages and the minute's count of `published` events, in one
+    /// transaction. A row already there (a window that went again after a
+    /// crash) is left as it is; the count of such a window is counted again.
+    async fn record(
+        &self,
+        published: usize,
+        rows: Vec<outbox_message::ActiveModel>,
+        undecodable: &[(Vec<u8>, String)],
+    ) -> Result<(), DbErr> {
+        if published == 0 && rows.is_empty() && undecodable.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin().await?;
+        rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
+        for chunk in rows.chunks(service::outbox::ROWS_PER_INSERT) {
+            outbox_message::Entity::insert_many(chunk.to_vec())
+                .on_conflict(
+                    OnConflict::column(outbox_message::Column::MessageId)
+                        .do_nothing()
+                        .to_owned(),
+                )
+                .exec_without_returning(&txn)
+                .await?;
+        }
+        for (content, error) in undecodable {
+            tracing::error!(%error, bytes = content.len(), "a seawall WAL message could not be decoded; kept as a dead letter");
+            dead_letter::Entity::insert(dead_letter::ActiveModel {
+                consumer: Set(UNDECODABLE_CONSUMER.into()),
+                message_id: Set(None),
+                subject: Set(wal::PREFIX.into()),
+                payload: Set(content.clone()),
+                headers: Set(serde_json::json!({})),
+                error: Set(error.clone()),
+                deliveries: Set(1),
+                created_at: Set(Utc::now()),
+                replayed_at: Set(None),
+                ..Default::default()
+            })
+            .exec_without_returning(&txn)
+            .await?;
+        }
+        txn.commit().await
+    }
+}
+
+/// Splits `events` into those that must queue in the table behind a held
+/// key, and chains to publish: one per ordering key (in order), one per
+/// key-less event.
+fn split(events: Vec<WalEvent>, held: &HashSet<String>) -> (Vec<WalEvent>, Vec<Vec<WalEvent>>) {
+    let mut queued = Vec::new();
+    let mut keyed: BTreeMap<String, Vec<WalEvent>> = BTreeMap::new();
+    let mut chains = Vec::new();
+    for event in events {
+        match event.ordering_key.clone() {
+            Some(key) if held.contains(&key) => queued.push(event),
+            Some(key) => keyed.entry(key).or_default().push(event),
+            None => chains.push(vec![event]),
+        }
+    }
+    chains.extend(keyed.into_values());
+    (queued, chains)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_names_follow_the_database() {
+        assert_eq!(
+            default_slot_name("postgres://u:p@h:5432/Orders-Prod?sslmode=require"),
+            "seawall_orders_prod"
+        );
+        assert!(valid_slot_name(&default_slot_name(
+            "postgres://h/t_0123456789abcdef0123456789abcdef"
+        )));
+        assert!(!valid_slot_name("Seawall"));
+        assert!(!valid_slot_name(&"a".repeat(64)));
+        assert!(!valid_slot_name("x; DROP TABLE y"));
+    }
+
+    #[test]
+    fn the_replication_connection_follows_database_url() {
+        let c = replication_config(
+            "postgres://app%40x:p%2Fw@db.example:6543/orders?sslmode=require",
+            "seawall_orders",
+        )
+        .unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("db.example", 6543));
+        assert_eq!((c.user.as_str(), c.password.as_str()), ("app@x", "p/w"));
+        assert_eq!(c.database, "orders");
+        assert!(c.tls.mode.requires_tls());
+        assert!(replication_config("postgres://h/d?sslmode=sometimes", "s").is_err());
+    }
+
+    #[test]
+    fn held_keys_queue_and_other_keys_chain_in_order() {
+        let event = |id: &str, key: Option<&str>| WalEvent {
+            message_id: id.into(),
+            subject: "s".into(),
+            ordering_key: key.map(Into::into),
+            headers: BTreeMap::new(),
+            payload: Vec::new(),
+            causation_id: None,
+            causation_consumer: None,
+            correlation_id: None,
+            created_at: Utc::now(),
+        };
+        let held = HashSet::from(["k1".to_owned()]);
+        let (queued, chains) = split(
+            vec![
+                event("a", Some("k1")),
+                event("b", Some("k2")),
+                event("c", None),
+                event("d", Some("k2")),
+            ],
+            &held,
+        );
+        assert_eq!(queued.len(), 1);
+        let ids: Vec<Vec<&str>> = chains
+            .iter()
+            .map(|c| c.iter().map(|e| e.message_id.as_str()).collect())
+            .collect();
+        assert_eq!(ids, vec![vec!["c"], vec!["b", "d"]]);
+    }
+}
