@@ -177,6 +177,7 @@ impl Application {
                     token: settings.admin_token.clone(),
                     prune: Some(retention),
                     replay_subjects: replay_subjects(&domain),
+                    wal_slot: wal.then(|| settings.wal_slot()),
                     ..api::ApiConfig::default()
                 }),
             };

@@ -115,7 +115,9 @@ async fn run() -> Result<()> {
         }
         Command::Stats => {
             let db = connect_db(&settings.database_url, 1).await?;
-            let stats = service::stats::stats(&db, chrono::Utc::now())
+            let wal_slot =
+                (settings.outbox_mode == service::OutboxMode::Wal).then(|| settings.wal_slot());
+            let stats = service::stats::stats(&db, chrono::Utc::now(), wal_slot.as_deref())
                 .await
                 .context("reading stats")?;
             println!("{}", serde_json::to_string_pretty(&stats)?);

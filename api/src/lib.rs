@@ -63,6 +63,9 @@ pub struct ApiConfig {
     /// ([`service::dead_letter::replay_subject`]): a dead letter is replayed
     /// to its own consumer only.
     pub replay_subjects: std::collections::HashMap<String, String>,
+    /// The WAL relay's slot when the outbox is in WAL mode: its backlog is
+    /// part of the stats and the metrics.
+    pub wal_slot: Option<String>,
 }
 
 impl Default for ApiConfig {
@@ -73,6 +76,7 @@ impl Default for ApiConfig {
             request_timeout: Duration::from_secs(10),
             body_limit: 64 * 1024,
             replay_subjects: std::collections::HashMap::new(),
+            wal_slot: None,
         }
     }
 }

@@ -77,6 +77,22 @@ fn describe() {
         "seawall_relay_heartbeat_timestamp_seconds",
         "Unix time of this process's last relay round that reached the database."
     );
+    metrics::describe_gauge!(
+        "seawall_wal_slot_active",
+        "1 while a relay reads the WAL outbox slot (outbox_mode = wal), 0 while none does"
+    );
+    metrics::describe_gauge!(
+        "seawall_wal_retained_bytes",
+        "WAL PostgreSQL keeps for the WAL outbox slot, in bytes"
+    );
+    metrics::describe_gauge!(
+        "seawall_wal_behind_bytes",
+        "WAL written since the WAL relay's last confirmed position, in bytes"
+    );
+    metrics::describe_gauge!(
+        "seawall_wal_relay_lag_seconds",
+        "Age of the transaction the WAL relay published last when it published it"
+    );
     metrics::counter!("seawall_dead_letters_total").increment(0);
     metrics::counter!("seawall_executor_exhausted_total").increment(0);
     metrics::counter!("seawall_claims_quarantined_total").increment(0);
@@ -92,7 +108,8 @@ pub async fn render(State(state): State<AppState>) -> Response {
             "metrics are not enabled in this process",
         );
     };
-    match service::stats::stats(&state.db, Utc::now()).await {
+    let wal_slot = state.config.wal_slot.as_deref();
+    match service::stats::stats(&state.db, Utc::now(), wal_slot).await {
         Ok(stats) => {
             let g = |status: &'static str, v: u64| {
                 metrics::gauge!("seawall_outbox_rows", "status" => status).set(v as f64)
@@ -114,6 +131,11 @@ pub async fn render(State(state): State<AppState>) -> Response {
             metrics::gauge!("seawall_outbox_oldest_pending_age_seconds")
                 .set(stats.oldest_pending_age_seconds.unwrap_or(0.0));
             metrics::gauge!("seawall_relay_lag_ms").set(stats.relay_lag_ms.unwrap_or(0.0));
+            if let Some(wal) = &stats.wal {
+                metrics::gauge!("seawall_wal_slot_active").set(if wal.active { 1.0 } else { 0.0 });
+                metrics::gauge!("seawall_wal_retained_bytes").set(wal.retained_bytes as f64);
+                metrics::gauge!("seawall_wal_behind_bytes").set(wal.behind_bytes as f64);
+            }
             if let Some(last) = stats.throughput.last() {
                 metrics::gauge!("seawall_published_current_minute").set(last.published as f64);
                 metrics::gauge!("seawall_processed_current_minute").set(last.processed as f64);

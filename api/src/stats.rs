@@ -28,6 +28,8 @@ pub struct Stats {
     pub relay_lag_ms: Option<f64>,
     /// Published events and processed messages per minute, oldest first.
     pub throughput: Vec<MinuteCount>,
+    /// The WAL relay's slot (`outbox_mode = "wal"`); absent in table mode.
+    pub wal: Option<WalBacklog>,
     /// Which numbers are estimates (large tables on PostgreSQL), e.g. `outbox.published`.
     pub estimated: Vec<String>,
     /// When this was computed.
@@ -58,6 +60,21 @@ pub struct InboxCounts {
 pub struct ConsumerCount {
     pub consumer: String,
     pub count: i64,
+}
+
+/// The WAL relay's backlog: the slot is the queue.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WalBacklog {
+    /// The replication slot.
+    pub slot: String,
+    /// Whether a relay reads it now (none: WAL piles up until one does).
+    pub active: bool,
+    /// WAL the server keeps for the slot, in bytes.
+    pub retained_bytes: i64,
+    /// WAL written since the relay's last confirmed position, in bytes.
+    pub behind_bytes: i64,
+    /// Delay of the relay's confirmations, in seconds.
+    pub flush_lag_seconds: Option<f64>,
 }
 
 /// One minute of throughput.
@@ -105,6 +122,13 @@ impl From<stats::Stats> for Stats {
                     processed: m.processed,
                 })
                 .collect(),
+            wal: s.wal.map(|w| WalBacklog {
+                slot: w.slot,
+                active: w.active,
+                retained_bytes: w.retained_bytes,
+                behind_bytes: w.behind_bytes,
+                flush_lag_seconds: w.flush_lag_seconds,
+            }),
             estimated: s.estimated,
             generated_at: s.generated_at,
         }
@@ -134,7 +158,10 @@ impl From<retention::PruneReport> for PruneReport {
 #[utoipa::path(get, path = "/api/v1/stats", tag = "stats",
     responses((status = 200, body = Stats), (status = 401, body = ErrorBody)))]
 pub async fn get_stats(State(state): State<AppState>) -> Result<Json<Stats>, ApiError> {
-    Ok(Json(stats::stats(&state.db, Utc::now()).await?.into()))
+    let wal_slot = state.config.wal_slot.as_deref();
+    Ok(Json(
+        stats::stats(&state.db, Utc::now(), wal_slot).await?.into(),
+    ))
 }
 
 /// Runs retention pruning now and returns how many rows it removed.

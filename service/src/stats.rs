@@ -35,6 +35,8 @@ pub struct Stats {
     pub relay_lag_ms: Option<f64>,
     /// Published events and processed messages per minute, oldest first.
     pub throughput: Vec<MinuteCount>,
+    /// The WAL relay's slot (`outbox_mode = "wal"`): absent in table mode.
+    pub wal: Option<crate::wal::Backlog>,
     /// Which numbers are estimates (large tables on PostgreSQL), e.g. `outbox.published`.
     pub estimated: Vec<String>,
     /// When this was computed.
@@ -78,11 +80,16 @@ pub struct MinuteCount {
     pub processed: u64,
 }
 
-/// Computes the stats at `now`.
+/// Computes the stats at `now`, with the backlog of `wal_slot` when the
+/// outbox is in WAL mode.
 ///
 /// # Errors
 /// The first failing query's error.
-pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats, DbErr> {
+pub async fn stats(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+    wal_slot: Option<&str>,
+) -> Result<Stats, DbErr> {
     let mut estimated = Vec::new();
     let (outbox, inbox) = counts(db, now, &mut estimated).await?;
     let dead_letters_by_consumer: Vec<ConsumerCount> = dead_letter::Entity::find()
@@ -108,6 +115,10 @@ pub async fn stats(db: &DatabaseConnection, now: DateTime<Utc>) -> Result<Stats,
         oldest_pending_age_seconds,
         relay_lag_ms,
         throughput: throughput(db, now).await?,
+        wal: match wal_slot {
+            Some(slot) => crate::wal::backlog(db, slot).await?,
+            None => None,
+        },
         estimated,
         generated_at: now,
     })

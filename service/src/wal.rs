@@ -31,7 +31,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, Statement};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, FromQueryResult, Statement};
 
 /// The prefix of seawall's logical messages; messages with other prefixes
 /// (other applications on the same database) are not seawall's.
@@ -271,6 +271,44 @@ pub async fn emit(txn: &DatabaseTransaction, content: Vec<u8>) -> Result<(), DbE
     ))
     .await?;
     Ok(())
+}
+
+/// The WAL relay's backlog as PostgreSQL sees its slot: the slot is the
+/// queue, so what it retains is what an operator must watch (an abandoned
+/// slot keeps WAL until the disk is full).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, FromQueryResult)]
+pub struct Backlog {
+    /// The slot.
+    pub slot: String,
+    /// Whether a relay is reading it now.
+    pub active: bool,
+    /// WAL the server keeps for it, in bytes (from its restart position).
+    pub retained_bytes: i64,
+    /// WAL written since the position the relay last confirmed, in bytes:
+    /// what is not yet known to be published.
+    pub behind_bytes: i64,
+    /// How long the relay's latest confirmation took to come back after the
+    /// WAL was flushed, in seconds (absent while no relay reads it).
+    pub flush_lag_seconds: Option<f64>,
+}
+
+/// The backlog of `slot`, or `None` when there is no such slot.
+///
+/// # Errors
+/// The query's database error.
+pub async fn backlog<C: ConnectionTrait>(db: &C, slot: &str) -> Result<Option<Backlog>, DbErr> {
+    Backlog::find_by_statement(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT s.slot_name::text AS slot, s.active,
+                COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint AS retained_bytes,
+                COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint AS behind_bytes,
+                EXTRACT(EPOCH FROM r.flush_lag)::float8 AS flush_lag_seconds
+           FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+          WHERE s.slot_name = $1",
+        [slot.into()],
+    ))
+    .one(db)
+    .await
 }
 
 #[cfg(test)]

@@ -69,7 +69,9 @@ fn every_alert_rule_is_valid_and_fires_and_stays_quiet_as_tested() {
 /// Every metric a rule names is in a running seawall's scrape.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_metric_an_alert_names_is_exported() {
-    let t = TestDb::new(Backend::Sqlite).await;
+    // WAL mode on PostgreSQL exports every metric: the WAL relay's and the
+    // table relay's, which also runs in that mode.
+    let t = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let port = crate::support::free_port();
     let mut seawall = Seawall::spawn(
@@ -79,6 +81,7 @@ async fn every_metric_an_alert_names_is_exported() {
             ("SEAWALL_NATS_URL", nats.url()),
             ("SEAWALL_API_ADDR", format!("127.0.0.1:{port}")),
             ("SEAWALL_RELAY_POLL_MS", "100".to_owned()),
+            ("SEAWALL_OUTBOX_MODE", "wal".to_owned()),
         ],
     );
     let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
@@ -124,4 +127,6 @@ async fn every_metric_an_alert_names_is_exported() {
     .await;
     seawall.assert_no_panic();
     seawall.terminate().await;
+    let slot = worker::relay::wal::default_slot_name(&t.url);
+    assert!(worker::relay::wal::drop_slot(&t.db, &slot).await.unwrap());
 }

@@ -88,6 +88,12 @@ async fn wal_mode_relays_events_end_to_end_without_outbox_rows() {
         crate::support::charted(&t.db).await.0 >= 300
     })
     .await;
+    let slot = slot_of(&t);
+    let stats = service::stats::stats(&t.db, chrono::Utc::now(), Some(&slot))
+        .await
+        .unwrap();
+    let backlog = stats.wal.expect("the slot's backlog is in the stats");
+    assert!(backlog.active && backlog.slot == slot, "{backlog:?}");
     assert!(run.terminate().await.success(), "{}", run.log_text());
     run.assert_no_panic();
     drop_slot(&t);

@@ -162,7 +162,7 @@ where
 /// Published events and processed messages in the stats' throughput
 /// chart, each summed over its minutes.
 pub async fn charted(db: &DatabaseConnection) -> (u64, u64) {
-    let stats = service::stats::stats(db, chrono::Utc::now())
+    let stats = service::stats::stats(db, chrono::Utc::now(), None)
         .await
         .expect("stats");
     stats
