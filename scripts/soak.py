@@ -121,6 +121,12 @@ class Soak(Cluster, Faults, Load, Checks):
         report = {"counts": counts, "faults": self.timeline, "recoveries": self.recoveries,
                   "throughput_per_10s": self.throughput(), "failures": failures}
         self.stop_all()
+        if a.outbox_mode == "wal":
+            # The slot would keep the shared cluster's WAL from now on.
+            port = a.pg_url.rsplit(":", 1)[1]
+            subprocess.run(["psql", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-c",
+                            f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{self.db}'"],
+                           stdout=subprocess.DEVNULL)
         with open(a.report, "w") as f:
             json.dump(report, f, indent=2)
         print(json.dumps({"counts": counts, "recoveries": self.recoveries}, indent=2))
@@ -151,6 +157,8 @@ def parse():
     p.add_argument("--port-base", type=int, default=54300)
     p.add_argument("--seed", type=int, default=int(time.time()))
     p.add_argument("--report", default="soak-report.json")
+    p.add_argument("--outbox-mode", choices=["table", "wal"], default="table",
+                   help="SEAWALL_OUTBOX_MODE: outbox rows, or events in PostgreSQL's WAL relayed from a slot")
     return p.parse_args()
 
 

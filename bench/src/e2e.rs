@@ -32,13 +32,18 @@ async fn start(
     db: DatabaseConnection,
     nats_url: &str,
     js: &jetstream::Context,
+    wal_url: Option<&str>,
 ) -> Result<(CancellationToken, JoinHandle<Result<()>>)> {
     let _ = js.delete_stream(CREDITS_STREAM).await;
-    let settings = Settings {
+    let mut settings = Settings {
         nats_url: nats_url.to_owned(),
         consumer_concurrency: 32,
         ..Settings::default()
     };
+    if let Some(url) = wal_url {
+        settings.database_url = url.to_owned();
+        settings.outbox_mode = service::OutboxMode::Wal;
+    }
     let roles = Roles {
         relay: true,
         consume: true,
@@ -88,8 +93,9 @@ async fn measure(
     client: &async_nats::Client,
     messages: u64,
     run: &str,
+    wal_url: Option<&str>,
 ) -> Result<f64> {
-    let (stop, running) = start(db, nats_url, js).await?;
+    let (stop, running) = start(db, nats_url, js, wal_url).await?;
     let mut applied = client.subscribe(APPLIED_SUBJECT).await?;
     client.flush().await?;
     let started = Instant::now();
@@ -109,6 +115,23 @@ async fn measure(
 }
 
 /// A report with this scenario's columns and setup.
+/// Drops the WAL relay's slot once the stopped relay has let it go.
+async fn drop_slot(db: &DatabaseConnection, url: &str) -> Result<()> {
+    let slot = worker::relay::wal::default_slot_name(url);
+    for _ in 0..100 {
+        match worker::relay::wal::drop_slot(db, &slot).await {
+            Err(worker::relay::wal::WalError::SlotActive(_)) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            done => {
+                done?;
+                return Ok(());
+            }
+        }
+    }
+    anyhow::bail!("the WAL relay did not let its slot go")
+}
+
 fn report(messages: u64) -> Report {
     let mut report = Report::new(
         "e2e",
@@ -156,15 +179,28 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
     .await?;
     migration::Migrator::up(&sqlite, None).await?;
     let (pg_db, _) = pg.fresh("e2e").await?;
+    let (wal_db, wal_url) = pg.fresh("e2ewal").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
-    for (label, db) in [("SQLite", sqlite), ("PostgreSQL", pg_db)] {
+    for (label, db, wal) in [
+        ("SQLite", sqlite, None),
+        ("PostgreSQL", pg_db, None),
+        (
+            "PostgreSQL, WAL outbox (outbox_mode = wal)",
+            wal_db,
+            Some(wal_url.as_str()),
+        ),
+    ] {
         let warm = WARM_UP.min(messages);
-        measure(db.clone(), nats_url, &js, &client, warm, "e2e-warm").await?;
+        measure(db.clone(), nats_url, &js, &client, warm, "e2e-warm", wal).await?;
         if db.get_database_backend() == sea_orm::DbBackend::Postgres {
             db.execute_unprepared("ANALYZE").await?;
         }
         let before = CpuSample::now();
-        let rate = measure(db, nats_url, &js, &client, messages, "e2e").await?;
+        let rate = measure(db.clone(), nats_url, &js, &client, messages, "e2e", wal).await?;
+        if let Some(url) = wal {
+            service::Outbox::set_mode(service::OutboxMode::Table);
+            drop_slot(&db, url).await?;
+        }
         let cpu = CpuSample::now().since(&before).per_thousand(messages);
         eprintln!("  {label}: {rate:.0} messages/s");
         report.row(

@@ -253,6 +253,7 @@ async fn variants(
     )];
     if postgres {
         cases.push(("without the NOTIFY trigger", FastPath::default(), true));
+        wal_outbox(report, label, db, messages, run_id, base).await?;
     }
     for (name, fast_path, no_trigger) in cases {
         if no_trigger {
@@ -271,6 +272,36 @@ async fn variants(
             m.against(base, false, postgres),
         );
     }
+    Ok(())
+}
+
+/// At 16 workers, the handler's event written into the WAL
+/// (`outbox_mode = "wal"`) instead of an outbox row, with the slot in place
+/// as a WAL-mode service has it (nothing reads it during the measurement).
+async fn wal_outbox(
+    report: &mut Report,
+    label: &str,
+    db: &DatabaseConnection,
+    messages: u64,
+    run_id: &str,
+    base: &Measured,
+) -> Result<()> {
+    let slot = format!("seawall_bench_{}", &run_id[run_id.len() - 12..]);
+    worker::relay::wal::prepare(db, &slot).await?;
+    service::Outbox::set_mode(service::OutboxMode::Wal);
+    let ids = Arc::new(fresh(messages));
+    let seawall = Mode::Seawall {
+        fast_path: FastPath::default(),
+    };
+    let m = measure(db, seawall, ids, &format!("wal-{run_id}"), 16).await;
+    service::Outbox::set_mode(service::OutboxMode::Table);
+    worker::relay::wal::drop_slot(db, &slot).await?;
+    let m = m?;
+    eprintln!("  {label} 16 workers, WAL outbox: {:.0}/s", m.rate);
+    report.row(
+        format!("{label}, 16 workers, WAL outbox (outbox_mode = wal)"),
+        m.against(base, false, true),
+    );
     Ok(())
 }
 

@@ -78,6 +78,13 @@ impl PgServer {
             }
         };
         for name in &self.created {
+            // A database with a replication slot cannot be dropped.
+            let slots = format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' AND NOT active"
+            );
+            let _ = admin
+                .execute_raw(Statement::from_string(DbBackend::Postgres, slots))
+                .await;
             let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
             if let Err(err) = admin
                 .execute_raw(Statement::from_string(DbBackend::Postgres, sql))

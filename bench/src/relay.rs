@@ -10,7 +10,7 @@ use anyhow::Result;
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, FromQueryResult, Statement};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -128,6 +128,141 @@ async fn relays(
     Ok(rows as f64 / elapsed.as_secs_f64())
 }
 
+/// Writes `rows` events of `size` bytes on `subject` into the WAL as a
+/// handler would in WAL mode: one logical message per transaction, from 8
+/// connections at once. `slot` must exist first, or the slot never sees them.
+async fn fill_wal(db: &DatabaseConnection, subject: &str, rows: u64, size: usize) -> Result<()> {
+    let payload = bytes_of(size);
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut writers = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (db, next, payload, subject) = (
+            db.clone(),
+            next.clone(),
+            payload.clone(),
+            subject.to_owned(),
+        );
+        writers.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= rows {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let event = service::wal::WalEvent {
+                    message_id: format!("w-{i}"),
+                    subject: subject.clone(),
+                    ordering_key: None,
+                    headers: std::collections::BTreeMap::new(),
+                    payload: payload.clone().into(),
+                    causation_id: None,
+                    causation_consumer: None,
+                    correlation_id: None,
+                    created_at: chrono::Utc::now(),
+                };
+                db.execute_raw(Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "SELECT pg_logical_emit_message(true, $1, $2)",
+                    [
+                        service::wal::PREFIX.into(),
+                        service::wal::encode(&[event])?.into(),
+                    ],
+                ))
+                .await?;
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done??;
+    }
+    Ok(())
+}
+
+/// Messages stored in `stream`.
+async fn stored(js: &jetstream::Context, stream: &str) -> Result<u64> {
+    Ok(js.get_stream(stream).await?.info().await?.state.messages)
+}
+
+/// Runs the WAL relay on `slot` until `rows` events are on `stream`; rows
+/// per second.
+async fn wal_relay(
+    db: &DatabaseConnection,
+    url: &str,
+    slot: &str,
+    js: &jetstream::Context,
+    stream: &str,
+    rows: u64,
+) -> Result<f64> {
+    let cancel = CancellationToken::new();
+    let relay = worker::relay::wal::WalRelay::new(
+        db.clone(),
+        js.clone(),
+        worker::relay::wal::WalRelayConfig {
+            database_url: url.to_owned(),
+            slot: slot.to_owned(),
+            window: 5_000,
+            standby_retry: Duration::from_millis(100),
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(5),
+            server_errors: None,
+        },
+    );
+    let started = Instant::now();
+    let task = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move { relay.run(cancel).await })
+    };
+    while stored(js, stream).await? < rows {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    cancel.cancel();
+    task.await?;
+    Ok(rows as f64 / elapsed.as_secs_f64())
+}
+
+/// The relay tutorials show: poll 100 pending rows, publish each and await
+/// its PubAck, mark each published, until none is left; rows per second.
+async fn naive_relay(db: &DatabaseConnection, js: &jetstream::Context, rows: u64) -> Result<f64> {
+    #[derive(Debug, FromQueryResult)]
+    struct Pending {
+        id: i64,
+        message_id: String,
+        subject: String,
+        payload: Vec<u8>,
+    }
+    let started = Instant::now();
+    let mut published = 0u64;
+    loop {
+        let batch = Pending::find_by_statement(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT id, message_id, subject, payload FROM outbox_message WHERE published_at IS NULL ORDER BY id LIMIT 100",
+        ))
+        .all(db)
+        .await?;
+        if batch.is_empty() {
+            break;
+        }
+        for row in batch {
+            let msg = PublishMessage::build()
+                .payload(row.payload.into())
+                .message_id(&row.message_id);
+            js.send_publish(row.subject, msg).await?.await?;
+            db.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "UPDATE outbox_message SET published_at = now() WHERE id = $1",
+                [row.id.into()],
+            ))
+            .await?;
+            published += 1;
+        }
+    }
+    anyhow::ensure!(
+        published == rows,
+        "the naive relay published {published} of {rows}"
+    );
+    Ok(rows as f64 / started.elapsed().as_secs_f64())
+}
+
 /// The table: the relay's rate and CPU beside the plain publisher's.
 fn columns() -> Vec<Column> {
     vec![
@@ -233,6 +368,36 @@ async fn at_size(
         report.row(format!("{size} B, {n} relay(s)"), figures);
         db.close().await?;
     }
+    // The outbox in the WAL: events read from a replication slot.
+    let (db, url) = pg.fresh("relaywal").await?;
+    let name = unique(&format!("WAL{size}"));
+    let subject = stream(js, &name).await?;
+    let slot = worker::relay::wal::default_slot_name(&url);
+    worker::relay::wal::prepare(&db, &slot).await?;
+    fill_wal(&db, &subject, rows, size).await?;
+    let before = CpuSample::now();
+    let rate = wal_relay(&db, &url, &slot, js, &name, rows).await?;
+    let cpu = CpuSample::now().since(&before).per_thousand(rows);
+    eprintln!("  {size} B, WAL relay: {rate:.0}/s");
+    report.row(
+        format!("{size} B, WAL relay (outbox_mode = wal)"),
+        figures(rate, cpu, &base, report.cores),
+    );
+    worker::relay::wal::drop_slot(&db, &slot).await?;
+    db.close().await?;
+    // What a hand-written relay does with the same table.
+    let (db, _) = pg.fresh("relaynaive").await?;
+    let subject = stream(js, &unique(&format!("NAIVE{size}"))).await?;
+    fill(&db, &subject, rows, size).await?;
+    let before = CpuSample::now();
+    let rate = naive_relay(&db, js, rows).await?;
+    let cpu = CpuSample::now().since(&before).per_thousand(rows);
+    eprintln!("  {size} B, naive relay: {rate:.0}/s");
+    report.row(
+        format!("{size} B, naive relay (poll 100, publish and await each, update each)"),
+        figures(rate, cpu, &base, report.cores),
+    );
+    db.close().await?;
     Ok(())
 }
 

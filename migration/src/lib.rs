@@ -29,6 +29,7 @@ mod m20261130_000008_partial_outbox_indexes;
 mod m20261130_000009_create_pending_key_index;
 mod m20261201_000010_add_outbox_causation;
 mod m20261201_000011_create_throughput_minute;
+mod m20261201_000012_create_wal_relay_position;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -89,6 +90,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000009_create_pending_key_index::Migration),
             Box::new(m20261201_000010_add_outbox_causation::Migration),
             Box::new(m20261201_000011_create_throughput_minute::Migration),
+            Box::new(m20261201_000012_create_wal_relay_position::Migration),
         ]
     }
 }

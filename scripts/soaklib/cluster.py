@@ -125,6 +125,7 @@ class Cluster:
             "SEAWALL_RELAY_POLL_MS": "200",
             "SEAWALL_API_ADDR": f"127.0.0.1:{self.api_port}",
             "SEAWALL_LOG": "info",
+            "SEAWALL_OUTBOX_MODE": self.args.outbox_mode,
         })
         env.update(self.extra_env.get(name, {}))
         return env

@@ -30,6 +30,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, FromQueryResult, Statement};
 
@@ -53,7 +54,7 @@ pub struct WalEvent {
     /// NATS headers (trace context, correlation id, the handler's own).
     pub headers: BTreeMap<String, String>,
     /// The message body.
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
     /// The message whose handler wrote it, if any.
     pub causation_id: Option<String>,
     /// That handler's consumer.
@@ -204,11 +205,11 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decodes one logical message's content.
+/// Decodes one logical message's content; the payloads share its buffer.
 ///
 /// # Errors
 /// [`DecodeError`] for another version or malformed content.
-pub fn decode(content: &[u8]) -> Result<Vec<WalEvent>, DecodeError> {
+pub fn decode(content: &Bytes) -> Result<Vec<WalEvent>, DecodeError> {
     let mut r = Reader(content);
     let version = r.u8()?;
     if version != VERSION {
@@ -230,9 +231,12 @@ pub fn decode(content: &[u8]) -> Result<Vec<WalEvent>, DecodeError> {
             let name = r.str16()?;
             let value = String::from_utf8(r.bytes32()?.to_vec())
                 .map_err(|_| DecodeError::Malformed("header value is not UTF-8"))?;
-            headers.insert(name, value);
+            if headers.insert(name, value).is_some() {
+                // One value would be dropped without a word.
+                return Err(DecodeError::Malformed("a header name appears twice"));
+            }
         }
-        let payload = r.bytes32()?.to_vec();
+        let payload = content.slice_ref(r.bytes32()?);
         let causation_id = r.opt()?;
         let causation_consumer = r.opt()?;
         let correlation_id = r.opt()?;
@@ -324,7 +328,7 @@ mod tests {
                 ("traceparent".into(), "00-ab-cd-01".into()),
                 ("Seawall-Correlation-Id".into(), "c-1".into()),
             ]),
-            payload: b"{\"n\":1}".to_vec(),
+            payload: Bytes::from_static(b"{\"n\":1}"),
             causation_id: Some("m-0".into()),
             causation_consumer: Some("ledger".into()),
             correlation_id: None,
@@ -340,31 +344,32 @@ mod tests {
             WalEvent {
                 ordering_key: None,
                 headers: BTreeMap::new(),
-                payload: Vec::new(),
+                payload: Bytes::new(),
                 ..event("c")
             },
         ];
-        assert_eq!(decode(&encode(&events).unwrap()).unwrap(), events);
-        assert_eq!(decode(&encode(&[]).unwrap()).unwrap(), vec![]);
+        assert_eq!(decode(&encode(&events).unwrap().into()).unwrap(), events);
+        assert_eq!(decode(&encode(&[]).unwrap().into()).unwrap(), vec![]);
     }
 
     #[test]
     fn other_versions_and_damaged_content_are_refused() {
+        let decoded = |b: &[u8]| decode(&Bytes::copy_from_slice(b));
         let mut content = encode(&[event("a")]).unwrap();
         assert_eq!(
-            decode(&content[..content.len() - 1]),
+            decoded(&content[..content.len() - 1]),
             Err(DecodeError::Malformed("cut short"))
         );
         content.push(0);
         assert_eq!(
-            decode(&content),
+            decoded(&content),
             Err(DecodeError::Malformed("trailing bytes"))
         );
         content[0] = 2;
-        assert_eq!(decode(&content), Err(DecodeError::Version(2)));
-        assert!(decode(&[]).is_err());
+        assert_eq!(decoded(&content), Err(DecodeError::Version(2)));
+        assert!(decoded(&[]).is_err());
         assert_eq!(
-            decode(&[1, 0xff, 0xff, 0xff, 0xff]),
+            decoded(&[1, 0xff, 0xff, 0xff, 0xff]),
             Err(DecodeError::Malformed("event count"))
         );
     }

@@ -42,6 +42,11 @@ pub async fn run(db: DatabaseConnection) -> Result<()> {
         bail!("{failures} scenario(s) did not behave as described");
     }
     println!("all guarantees held.");
+    println!(
+        "\nOn PostgreSQL with wal_level = logical, events can skip the outbox table: \
+         SEAWALL_OUTBOX_MODE=wal SEAWALL_DATABASE_URL=postgres://... seawall run \
+         (README, \"WAL mode\")."
+    );
     Ok(())
 }
 

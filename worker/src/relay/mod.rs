@@ -13,6 +13,7 @@ pub mod wal;
 use batch::Batch;
 
 use std::collections::BTreeMap;
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -409,7 +410,7 @@ pub fn publish_message(
 pub fn message<'a>(
     message_id: &str,
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
-    payload: Vec<u8>,
+    payload: impl Into<bytes::Bytes>,
 ) -> Result<PublishMessage, String> {
     check_message_id(message_id).map_err(|e| e.to_string())?;
     let mut map = HeaderMap::new();
@@ -425,12 +426,8 @@ pub fn message<'a>(
         .message_id(message_id))
 }
 
-/// Publishes `message` on `subject` and waits for its PubAck, inside an
-/// `outbox.publish` span: a child of the handler that wrote the event (from
-/// its `stored` trace headers), whose own context goes out with the message
-/// so the consumer on the other side becomes its child. Traced only when
-/// this process exports traces; otherwise the stored trace headers go out
-/// as they are, and `stored` is never called.
+/// Publishes `message` on `subject` and waits for its PubAck (see
+/// [`dispatch`]).
 ///
 /// # Errors
 /// The publish or PubAck failure, as text for `last_error`.
@@ -439,8 +436,56 @@ pub(crate) async fn send(
     subject: &str,
     message_id: &str,
     stored: &(dyn Fn() -> BTreeMap<String, String> + Sync),
-    mut message: PublishMessage,
+    message: PublishMessage,
 ) -> Result<(), String> {
+    dispatch(js, subject, message_id, stored, message)
+        .await?
+        .acknowledged()
+        .await
+}
+
+/// A publish sent, its PubAck not yet awaited.
+pub(crate) struct InFlight {
+    ack: PublishAckFuture,
+    subject: String,
+    span: tracing::Span,
+    started: std::time::Instant,
+}
+
+impl InFlight {
+    /// Waits for the PubAck.
+    ///
+    /// # Errors
+    /// The PubAck failure, as text for `last_error`.
+    pub(crate) async fn acknowledged(self) -> Result<(), String> {
+        let subject = self.subject;
+        self.ack
+            .into_future()
+            .instrument(self.span)
+            .await
+            .map_err(|e| format!("PubAck for {subject}: {e}"))?;
+        metrics::histogram!("seawall_relay_publish_seconds")
+            .record(self.started.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+/// Sends `message` on `subject` inside an `outbox.publish` span: a child of
+/// the handler that wrote the event (from its `stored` trace headers), whose
+/// own context goes out with the message so the consumer on the other side
+/// becomes its child. Traced only when this process exports traces;
+/// otherwise the stored trace headers go out as they are, and `stored` is
+/// never called. Many can be sent before their PubAcks are awaited.
+///
+/// # Errors
+/// The publish failure, as text for `last_error`.
+pub(crate) async fn dispatch(
+    js: &jetstream::Context,
+    subject: &str,
+    message_id: &str,
+    stored: &(dyn Fn() -> BTreeMap<String, String> + Sync),
+    mut message: PublishMessage,
+) -> Result<InFlight, String> {
     let started = std::time::Instant::now();
     let span = tracing::info_span!("outbox.publish", message_id = %message_id, subject = %subject);
     if !span.is_disabled() {
@@ -449,17 +494,15 @@ pub(crate) async fn send(
             message = message.header(name.as_str(), value.as_str());
         }
     }
-    async {
-        let ack: PublishAckFuture = js
-            .send_publish(subject.to_owned(), message)
-            .await
-            .map_err(|e| format!("publish to {subject}: {e}"))?;
-        ack.await
-            .map_err(|e| format!("PubAck for {subject}: {e}"))?;
-        metrics::histogram!("seawall_relay_publish_seconds")
-            .record(started.elapsed().as_secs_f64());
-        Ok(())
-    }
-    .instrument(span)
-    .await
+    let ack = js
+        .send_publish(subject.to_owned(), message)
+        .instrument(span.clone())
+        .await
+        .map_err(|e| format!("publish to {subject}: {e}"))?;
+    Ok(InFlight {
+        ack,
+        subject: subject.to_owned(),
+        span,
+        started,
+    })
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, LockBehavior, LockType, Query, SelectStatement};
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
-    EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, TransactionTrait,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
+    DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, TransactionTrait,
 };
 
 use entity::outbox_message::{self, Column};
@@ -207,6 +207,13 @@ pub(crate) async fn mark_published(
         return Ok(0);
     }
     let now = Utc::now();
+    // On PostgreSQL the ids travel as one array: the statement's text is
+    // the same for every batch, so it is prepared once, where `IN` with a
+    // placeholder per id was parsed and planned anew for each batch size.
+    let ids = match txn.get_database_backend() {
+        DbBackend::Postgres => Expr::cust_with_values("id = ANY($1::bigint[])", [id_array(&ids)]),
+        _ => Expr::col(Column::Id).is_in(ids),
+    };
     let res = outbox_message::Entity::update_many()
         .col_expr(Column::PublishedAt, Expr::value(now))
         .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))
@@ -214,12 +221,26 @@ pub(crate) async fn mark_published(
             Column::LockedUntil,
             Expr::value(Option::<DateTime<Utc>>::None),
         )
-        .filter(Column::Id.is_in(ids))
+        .filter(ids)
         .filter(held_by(owner))
         .exec(txn)
         .await?;
     rollup::add(txn, Tally::Published, now, res.rows_affected).await?;
     Ok(res.rows_affected)
+}
+
+/// `ids` as a PostgreSQL array literal (`{1,2,3}`), bound as one value.
+fn id_array(ids: &[i64]) -> String {
+    let mut text = String::with_capacity(ids.len() * 8 + 2);
+    text.push('{');
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(&id.to_string());
+    }
+    text.push('}');
+    text
 }
 
 /// Records a failed publish: one more attempt, the error, a backoff, and

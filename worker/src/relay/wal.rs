@@ -29,7 +29,6 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use chrono::Utc;
-use futures::FutureExt;
 use futures::future::join_all;
 use pgwire_replication::{
     Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig,
@@ -39,6 +38,7 @@ use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
     EntityTrait, FromQueryResult, QueryFilter, QuerySelect, Statement, TransactionTrait,
 };
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use entity::{dead_letter, outbox_message};
@@ -271,6 +271,13 @@ pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, WalE
     };
     db.execute_unprepared(&format!("DROP PUBLICATION IF EXISTS {slot}"))
         .await?;
+    // A new slot of the same name starts from its own creation.
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "DELETE FROM wal_relay_position WHERE slot = $1",
+        [slot.into()],
+    ))
+    .await?;
     Ok(dropped)
 }
 
@@ -311,6 +318,9 @@ fn replication_config(url: &str, slot: &str) -> Result<ReplicationConfig, WalErr
             .with_application_name(format!("seawall-relay {}", std::process::id())),
     )
 }
+
+/// How long a window that has events waits for more before it goes.
+const LINGER: Duration = Duration::from_millis(1);
 
 /// Committed transactions read from the slot, up to a commit boundary.
 #[derive(Debug, Default)]
@@ -353,7 +363,11 @@ impl WalRelay {
         let mut failures = 0u32;
         let mut standby_logged = false;
         while !cancel.is_cancelled() {
-            let wait = match self.session(&cancel).await {
+            let ended = self.session(&cancel).await;
+            if cancel.is_cancelled() {
+                break;
+            }
+            let wait = match ended {
                 Ok(()) => break,
                 Err(WalError::Standby(slot)) => {
                     if !standby_logged {
@@ -380,9 +394,17 @@ impl WalRelay {
     }
 
     /// One replication session: take the slot, then relay windows until
-    /// `cancel` fires or the stream fails.
+    /// `cancel` fires or the stream fails. A reader task assembles the next
+    /// window while this one is published; positions go back to it to be
+    /// confirmed.
     async fn session(&self, cancel: &CancellationToken) -> Result<(), WalError> {
-        let config = replication_config(&self.config.database_url, &self.config.slot)?;
+        let mut config = replication_config(&self.config.database_url, &self.config.slot)?;
+        // The slot itself may be behind after a PostgreSQL crash: start
+        // where this relay durably got to, so what it published before is
+        // skipped by the server instead of published again.
+        if let Some(position) = self.position().await? {
+            config = config.with_start_lsn(position);
+        }
         let mut client = ReplicationClient::connect_gated(config).await?;
         client.start().await?;
         if let Err(err) = client.wait_started().await {
@@ -394,14 +416,35 @@ impl WalRelay {
         tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
         metrics::gauge!("seawall_wal_relay_active").set(1.0);
         let mut held = self.held_keys().await?;
+        let stop = cancel.child_token();
+        // Whichever way the session ends, the reader stops and lets the slot go.
+        let _stop_reader = stop.clone().drop_guard();
+        let (windows, mut next) = mpsc::channel(1);
+        let (confirm, confirms) = mpsc::unbounded_channel();
+        let reader = Reader {
+            client,
+            confirms,
+            size: self.config.window,
+        };
+        tokio::spawn(reader.run(windows, stop));
         loop {
+            let started = std::time::Instant::now();
             let window = tokio::select! {
+                // A stopping reader ends its stream too; stopping comes first.
+                biased;
                 () = cancel.cancelled() => break,
-                window = self.read_window(&mut client) => window?,
+                window = next.recv() => window.ok_or_else(ended)??,
             };
+            let waited = started.elapsed();
             self.relay_window(&window, &mut held, cancel).await?;
+            tracing::debug!(
+                events = window.events.len(),
+                wait_ms = waited.as_secs_f64() * 1e3,
+                publish_ms = (started.elapsed() - waited).as_secs_f64() * 1e3,
+                "WAL window"
+            );
             if let Some(end) = window.end {
-                client.update_applied_lsn(end);
+                let _ = confirm.send(end);
             }
             metrics::gauge!("seawall_relay_heartbeat_timestamp_seconds")
                 .set(Utc::now().timestamp_millis() as f64 / 1000.0);
@@ -412,66 +455,25 @@ impl WalRelay {
                 metrics::gauge!("seawall_wal_relay_lag_seconds").set(lag as f64 / 1000.0);
             }
         }
-        client.stop();
         Ok(())
     }
 
-    /// Reads committed transactions until the window holds
-    /// [`WalRelayConfig::window`] events or nothing more is ready; waits for
-    /// the first one (or a keepalive that moves the position on).
-    async fn read_window(&self, client: &mut ReplicationClient) -> Result<Window, WalError> {
-        let mut window = Window::default();
-        let mut open: Option<Vec<WalEvent>> = None;
-        loop {
-            let waiting = open.is_some() || (window.events.is_empty() && window.end.is_none());
-            let event = if waiting {
-                client.recv().await?
-            } else {
-                match client.recv().now_or_never() {
-                    Some(event) => event?,
-                    None => return Ok(window),
-                }
-            };
-            let Some(event) = event else {
-                return Err(WalError::Replication(PgWireError::Protocol(
-                    "the replication stream ended".into(),
-                )));
-            };
-            match event {
-                ReplicationEvent::Begin {
-                    commit_time_micros, ..
-                } => {
-                    open = Some(Vec::new());
-                    window.commit_time = Some(commit_time_micros);
-                }
-                ReplicationEvent::Message {
-                    prefix,
-                    content,
-                    transactional,
-                    lsn,
-                } if prefix == wal::PREFIX => match wal::decode(&content) {
-                    Ok(events) => match open.as_mut() {
-                        Some(txn) if transactional => txn.extend(events),
-                        _ => {
-                            window.events.extend(events);
-                            window.end = window.end.max(Some(lsn));
-                        }
-                    },
-                    Err(err) => window.undecodable.push((content.to_vec(), err.to_string())),
-                },
-                ReplicationEvent::Commit { end_lsn, .. } => {
-                    window.events.extend(open.take().unwrap_or_default());
-                    window.end = window.end.max(Some(end_lsn));
-                    if window.events.len() >= self.config.window {
-                        return Ok(window);
-                    }
-                }
-                ReplicationEvent::KeepAlive { wal_end, .. } if open.is_none() => {
-                    window.end = window.end.max(Some(wal_end));
-                }
-                _ => {}
-            }
-        }
+    /// Where the relays of this slot durably got to, if anywhere.
+    async fn position(&self) -> Result<Option<Lsn>, DbErr> {
+        let row = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT lsn FROM wal_relay_position WHERE slot = $1",
+                [self.config.slot.as_str().into()],
+            ))
+            .await?;
+        Ok(match row {
+            Some(row) => Some(Lsn(
+                u64::try_from(row.try_get::<i64>("", "lsn")?).unwrap_or(0)
+            )),
+            None => None,
+        })
     }
 
     /// The ordering keys with unpublished rows in `outbox_message`: their
@@ -505,7 +507,7 @@ impl WalRelay {
                 *held = self.held_keys().await?;
             }
             let (queued, chains) = split(window.events.clone(), held);
-            let results = join_all(chains.into_iter().map(|chain| self.publish_chain(chain))).await;
+            let results = self.publish_chains(chains).await;
             let failed = results.iter().any(|c| c.failed.is_some());
             let connected =
                 self.js.client().connection_state() == async_nats::connection::State::Connected;
@@ -546,36 +548,62 @@ impl WalRelay {
                     rows.push(service::outbox::row_of(event)?);
                 }
             }
-            self.record(published, rows, &window.undecodable).await?;
+            self.record(published, rows, &window.undecodable, window.end)
+                .await?;
             return Ok(());
         }
     }
 
-    /// Publishes a chain (one key's events, or one key-less event) in order,
-    /// stopping at the first failure.
-    async fn publish_chain(&self, chain: Vec<WalEvent>) -> Chain {
-        let mut result = Chain::default();
-        let mut events = chain.into_iter();
-        while let Some(event) = events.next() {
-            match self.publish(&event).await {
-                Ok(()) => result.published += 1,
-                Err(error) => {
-                    result.failed = Some((event, error, events.collect()));
-                    break;
+    /// Publishes the chains (one key's events, or one key-less event) in
+    /// rounds: each round sends the next event of every chain still going,
+    /// one after another as a plain publisher does, then awaits their
+    /// PubAcks together. A chain stops at its first failure, so a key's
+    /// events go out in order and none after a refused one.
+    async fn publish_chains(&self, chains: Vec<Vec<WalEvent>>) -> Vec<Chain> {
+        let mut results: Vec<Chain> = chains.iter().map(|_| Chain::default()).collect();
+        let mut queues: Vec<std::collections::VecDeque<WalEvent>> =
+            chains.into_iter().map(Into::into).collect();
+        loop {
+            let mut round = Vec::new();
+            for (i, queue) in queues.iter_mut().enumerate() {
+                if results[i].failed.is_none()
+                    && let Some(event) = queue.pop_front()
+                {
+                    let sent = self.dispatch(&event).await;
+                    round.push((i, event, sent));
+                }
+            }
+            if round.is_empty() {
+                return results;
+            }
+            let acks = join_all(round.into_iter().map(|(i, event, sent)| async move {
+                let outcome = match sent {
+                    Ok(in_flight) => in_flight.acknowledged().await,
+                    Err(error) => Err(error),
+                };
+                (i, event, outcome)
+            }))
+            .await;
+            for (i, event, outcome) in acks {
+                match outcome {
+                    Ok(()) => results[i].published += 1,
+                    Err(error) => {
+                        let rest = std::mem::take(&mut queues[i]).into();
+                        results[i].failed = Some((event, error, rest));
+                    }
                 }
             }
         }
-        result
     }
 
-    async fn publish(&self, event: &WalEvent) -> Result<(), String> {
+    async fn dispatch(&self, event: &WalEvent) -> Result<crate::relay::InFlight, String> {
         let headers = event
             .headers
             .iter()
             .map(|(name, value)| (name.as_str(), value.as_str()));
         let message = crate::relay::message(&event.message_id, headers, event.payload.clone())?;
         let stored = || event.headers.clone();
-        crate::relay::send(
+        crate::relay::dispatch(
             &self.js,
             &event.subject,
             &event.message_id,
@@ -586,20 +614,30 @@ impl WalRelay {
     }
 
     /// Writes the rows handed to the table, the dead letters of undecodable
-    /// messages and the minute's count of `published` events, in one
-    /// transaction. A row already there (a window that went again after a
+    /// messages, the minute's count of `published` events and the window's
+    /// `end` as the relay's durable position, in one transaction. A row already there (a window that went again after a
     /// crash) is left as it is; the count of such a window is counted again.
     async fn record(
         &self,
         published: usize,
         rows: Vec<outbox_message::ActiveModel>,
         undecodable: &[(Vec<u8>, String)],
+        end: Option<Lsn>,
     ) -> Result<(), DbErr> {
         if published == 0 && rows.is_empty() && undecodable.is_empty() {
             return Ok(());
         }
         let txn = self.db.begin().await?;
         rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
+        if let Some(end) = end {
+            txn.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, $2) \
+                 ON CONFLICT (slot) DO UPDATE SET lsn = GREATEST(wal_relay_position.lsn, EXCLUDED.lsn)",
+                [self.config.slot.as_str().into(), lsn_value(end).into()],
+            ))
+            .await?;
+        }
         for chunk in rows.chunks(service::outbox::ROWS_PER_INSERT) {
             outbox_message::Entity::insert_many(chunk.to_vec())
                 .on_conflict(
@@ -628,6 +666,120 @@ impl WalRelay {
             .await?;
         }
         txn.commit().await
+    }
+}
+
+/// `lsn` as stored in `wal_relay_position` (a `bigint`; positions stay far
+/// below 2^63).
+fn lsn_value(lsn: Lsn) -> i64 {
+    i64::try_from(lsn.0).unwrap_or(i64::MAX)
+}
+
+/// The stream's end, as an error: a session ends when its stream does.
+fn ended() -> WalError {
+    WalError::Replication(PgWireError::Protocol("the replication stream ended".into()))
+}
+
+/// Reads windows from the slot for a session, and confirms the positions
+/// the session sends back once their windows are published.
+struct Reader {
+    client: ReplicationClient,
+    confirms: mpsc::UnboundedReceiver<Lsn>,
+    size: usize,
+}
+
+impl Reader {
+    /// Sends windows until `stop` fires, the session goes, or the stream
+    /// fails (the error is the last thing sent); then lets the slot go.
+    async fn run(
+        mut self,
+        windows: mpsc::Sender<Result<Window, WalError>>,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let window = tokio::select! {
+                () = stop.cancelled() => break,
+                window = self.window() => window,
+            };
+            let failed = window.is_err();
+            if windows.send(window).await.is_err() || failed {
+                break;
+            }
+        }
+        self.client.stop();
+    }
+
+    /// The next event, confirming positions while it waits (both receives
+    /// are cancel-safe). `linger` bounds the wait: `None` once it passes.
+    async fn next(
+        &mut self,
+        linger: Option<Duration>,
+    ) -> Result<Option<ReplicationEvent>, WalError> {
+        let deadline = linger.map(|l| tokio::time::Instant::now() + l);
+        loop {
+            let timeout = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                event = self.client.recv() => return Ok(Some(event?.ok_or_else(ended)?)),
+                Some(lsn) = self.confirms.recv() => self.client.update_applied_lsn(lsn),
+                () = timeout => return Ok(None),
+            }
+        }
+    }
+
+    /// Reads committed transactions until the window holds `size` events or
+    /// no more come within [`LINGER`]; waits for the first one (or a
+    /// keepalive that moves the position on).
+    async fn window(&mut self) -> Result<Window, WalError> {
+        let mut window = Window::default();
+        let mut open: Option<Vec<WalEvent>> = None;
+        loop {
+            let waiting = open.is_some() || (window.events.is_empty() && window.end.is_none());
+            // Under load the stream delivers in small chunks; waiting a
+            // moment for the next one fills the window, so the wait for the
+            // window's last PubAck is paid per window, not per chunk.
+            let Some(event) = self.next((!waiting).then_some(LINGER)).await? else {
+                return Ok(window);
+            };
+            match event {
+                ReplicationEvent::Begin {
+                    commit_time_micros, ..
+                } => {
+                    open = Some(Vec::new());
+                    window.commit_time = Some(commit_time_micros);
+                }
+                ReplicationEvent::Message {
+                    prefix,
+                    content,
+                    transactional,
+                    lsn,
+                } if prefix == wal::PREFIX => match wal::decode(&content) {
+                    Ok(events) => match open.as_mut() {
+                        Some(txn) if transactional => txn.extend(events),
+                        _ => {
+                            window.events.extend(events);
+                            window.end = window.end.max(Some(lsn));
+                        }
+                    },
+                    Err(err) => window.undecodable.push((content.to_vec(), err.to_string())),
+                },
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    window.events.extend(open.take().unwrap_or_default());
+                    window.end = window.end.max(Some(end_lsn));
+                    if window.events.len() >= self.size {
+                        return Ok(window);
+                    }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } if open.is_none() => {
+                    window.end = window.end.max(Some(wal_end));
+                }
+                _ => {}
+            }
+        }
     }
 }
 
@@ -688,7 +840,7 @@ mod tests {
             subject: "s".into(),
             ordering_key: key.map(Into::into),
             headers: BTreeMap::new(),
-            payload: Vec::new(),
+            payload: bytes::Bytes::new(),
             causation_id: None,
             causation_consumer: None,
             correlation_id: None,
