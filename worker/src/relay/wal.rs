@@ -58,7 +58,8 @@ pub struct WalRelayConfig {
     pub database_url: String,
     /// The logical replication slot (and publication) name.
     pub slot: String,
-    /// Events per window, rounded up to whole transactions.
+    /// Events per window, rounded up to whole transactions (a window also
+    /// goes once it holds 16 MiB of payloads).
     pub window: usize,
     /// How often a standby tries to take the slot over.
     pub standby_retry: Duration,
@@ -318,6 +319,13 @@ fn replication_config(url: &str, slot: &str) -> Result<ReplicationConfig, WalErr
             .with_application_name(format!("seawall-relay {}", std::process::id())),
     )
 }
+
+/// Fewest events a window may hold before it goes (when that many are ready).
+pub const MIN_WINDOW: usize = 5_000;
+
+/// Most payload bytes a window holds: with big events it goes sooner, so a
+/// window of megabyte events does not hold gigabytes.
+const WINDOW_BYTES: usize = 16 << 20;
 
 /// How long a window that has events waits for more before it goes.
 const LINGER: Duration = Duration::from_millis(1);
@@ -737,6 +745,7 @@ impl Reader {
     async fn window(&mut self) -> Result<Window, WalError> {
         let mut window = Window::default();
         let mut open: Option<Vec<WalEvent>> = None;
+        let mut bytes = 0usize;
         loop {
             let waiting = open.is_some() || (window.events.is_empty() && window.end.is_none());
             // Under load the stream delivers in small chunks; waiting a
@@ -768,9 +777,11 @@ impl Reader {
                     Err(err) => window.undecodable.push((content.to_vec(), err.to_string())),
                 },
                 ReplicationEvent::Commit { end_lsn, .. } => {
-                    window.events.extend(open.take().unwrap_or_default());
+                    let txn = open.take().unwrap_or_default();
+                    bytes += txn.iter().map(|e| e.payload.len()).sum::<usize>();
+                    window.events.extend(txn);
                     window.end = window.end.max(Some(end_lsn));
-                    if window.events.len() >= self.size {
+                    if window.events.len() >= self.size || bytes >= WINDOW_BYTES {
                         return Ok(window);
                     }
                 }
