@@ -73,12 +73,49 @@ impl NewEvent {
     /// # Errors
     /// [`EventError`] naming the offending part.
     pub fn validate(&self) -> Result<(), EventError> {
-        check_message_id(&self.message_id)?;
-        for (name, value) in &self.headers {
-            check_header(name, value)?;
-        }
-        Ok(())
+        check_event(
+            &self.message_id,
+            &self.subject,
+            self.ordering_key.as_deref(),
+            &self.headers,
+        )
     }
+}
+
+/// Longest message id, subject or ordering key an outbox row stores (bytes).
+pub const FIELD_LEN: usize = 255;
+
+/// Checks an event's parts as NATS carries them and as an outbox row
+/// stores them: in WAL mode an event the broker refuses becomes a row, and
+/// one that could not would stop the relay on it.
+///
+/// # Errors
+/// [`EventError`] naming the offending part.
+pub fn check_event(
+    message_id: &str,
+    subject: &str,
+    ordering_key: Option<&str>,
+    headers: &BTreeMap<String, String>,
+) -> Result<(), EventError> {
+    check_message_id(message_id)?;
+    for (field, value) in [
+        ("message id", Some(message_id)),
+        ("subject", Some(subject)),
+        ("ordering key", ordering_key),
+    ] {
+        if let Some(value) = value
+            && (value.is_empty() || value.len() > FIELD_LEN || value.contains('\0'))
+        {
+            return Err(EventError::Field(format!(
+                "{field} must be 1 to {FIELD_LEN} bytes without NUL, got {} bytes",
+                value.len()
+            )));
+        }
+    }
+    for (name, value) in headers {
+        check_header(name, value)?;
+    }
+    Ok(())
 }
 
 /// Why an event cannot be published as written.
@@ -95,10 +132,14 @@ pub enum EventError {
     /// A header value spans lines.
     #[error("header {0:?} has a value with CR/LF")]
     HeaderValue(String),
-    /// A field is longer than the WAL encoding carries (a subject or message
-    /// id over 64 KiB, a payload over 4 GiB).
+    /// A field is longer than the WAL encoding carries (a payload over
+    /// 4 GiB).
     #[error("{0}")]
     TooLong(String),
+    /// A message id, subject or ordering key is empty, too long for its
+    /// column, or holds NUL.
+    #[error("{0}")]
+    Field(String),
 }
 
 /// Checks an id for `Nats-Msg-Id` (the relay checks rows with it too, since
@@ -326,4 +367,20 @@ pub fn row_of(event: WalEvent) -> Result<outbox_message::ActiveModel, DbErr> {
         causation_consumer: Set(event.causation_consumer),
         correlation_id: Set(event.correlation_id),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_no_outbox_row_could_hold_is_refused_at_enqueue() {
+        assert!(NewEvent::new("s", "{}").validate().is_ok());
+        let long = NewEvent::new("s".repeat(256), "{}");
+        assert!(matches!(long.validate(), Err(EventError::Field(_))));
+        let nul = NewEvent::new("s", "{}").with_ordering_key("a\0b");
+        assert!(matches!(nul.validate(), Err(EventError::Field(_))));
+        let empty = NewEvent::new("", "{}");
+        assert!(matches!(empty.validate(), Err(EventError::Field(_))));
+    }
 }

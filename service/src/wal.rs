@@ -220,7 +220,8 @@ pub fn decode(content: &Bytes) -> Result<Vec<WalEvent>, DecodeError> {
     if usize::try_from(count).unwrap_or(usize::MAX) > content.len() / 24 {
         return Err(DecodeError::Malformed("event count"));
     }
-    let mut events = Vec::with_capacity(count as usize);
+    // Bounded: a made-up count must not reserve memory for itself.
+    let mut events = Vec::with_capacity((count as usize).min(1024));
     for _ in 0..count {
         let message_id = r.str16()?;
         let subject = r.str16()?;

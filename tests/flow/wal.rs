@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use entity::{dead_letter, outbox_message};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, FromQueryResult,
-    PaginatorTrait, QueryFilter, Statement, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait,
+    FromQueryResult, PaginatorTrait, QueryFilter, Statement, TransactionTrait,
 };
 use service::{NewEvent, Outbox, OutboxMode};
 
@@ -15,7 +15,7 @@ use crate::helpers::{
 };
 use crate::support::domain::{Entry, RECORDED_SUBJECT};
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb, wait_until};
+use crate::support::{Backend, TestDb, rows, wait_until};
 
 /// `extra` plus WAL mode, for a process on `t` and `nats_url`.
 fn wal_env(t: &TestDb, nats_url: &str, extra: &[(&str, &str)]) -> Vec<(&'static str, String)> {
@@ -144,6 +144,44 @@ async fn refused_and_rolled_back_events_do_not_stop_the_rest() {
     .await
     .unwrap();
     commit_events(&t.db, vec![recorded("d", Some("k1"))]).await;
+    // Another writer's row of key k3, backing off, and a published row
+    // whose id a WAL event reuses.
+    let mut waiting = rows::event("table-k3".into(), chrono::Utc::now());
+    waiting.ordering_key = Set(Some("k3".into()));
+    waiting.next_attempt_at = Set(chrono::Utc::now() + chrono::Duration::hours(1));
+    let mut old = rows::event("clash".into(), chrono::Utc::now());
+    old.published_at = Set(Some(chrono::Utc::now()));
+    outbox_message::Entity::insert_many([waiting, old])
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    commit_events(
+        &t.db,
+        vec![
+            recorded("e", Some("k3")),
+            NewEvent::new("nowhere.z", "{\"new\":1}").with_message_id("clash"),
+        ],
+    )
+    .await;
+    // A hand-written message whose event no outbox row could hold.
+    let long = service::wal::WalEvent {
+        message_id: "long-subject".into(),
+        subject: "s".repeat(300),
+        ordering_key: None,
+        headers: Default::default(),
+        payload: Default::default(),
+        causation_id: None,
+        causation_consumer: None,
+        correlation_id: None,
+        created_at: chrono::Utc::now(),
+    };
+    t.db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT pg_logical_emit_message(true, 'seawall.outbox', $1)",
+        [service::wal::encode(&[long]).unwrap().into()],
+    ))
+    .await
+    .unwrap();
 
     let mut relay = Seawall::spawn(
         &["relay"],
@@ -198,19 +236,36 @@ async fn refused_and_rolled_back_events_do_not_stop_the_rest() {
     );
     let c = row("c");
     assert!(c.published_at.is_none() && c.dead_at.is_none(), "{c:?}");
-    assert_eq!(rows.len(), 3, "only the refused events and c are rows");
+    let e = row("e");
+    assert!(
+        e.published_at.is_none() && e.dead_at.is_none(),
+        "e waits behind another writer's row of its key: {e:?}"
+    );
+    assert_eq!(
+        rows.len(),
+        6,
+        "the refused events, c, e and the two rows written by hand"
+    );
     let letters = dead_letter::Entity::find()
         .filter(dead_letter::Column::Consumer.eq(worker::relay::wal::UNDECODABLE_CONSUMER))
         .all(&t.db)
         .await
         .unwrap();
-    assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].payload, vec![9]);
-    assert!(
-        letters[0].error.contains("version 9"),
-        "{}",
-        letters[0].error
+    let letter = |needle: &str| {
+        letters
+            .iter()
+            .find(|l| l.error.contains(needle))
+            .unwrap_or_else(|| panic!("a dead letter for {needle:?}: {letters:?}"))
+    };
+    assert_eq!(letter("version 9").payload, vec![9]);
+    let clash = letter("already used by another outbox event");
+    assert_eq!(
+        clash.payload,
+        b"{\"new\":1}".to_vec(),
+        "the new event is kept"
     );
+    letter("subject must be 1 to 255 bytes");
+    assert_eq!(letters.len(), 3, "{letters:?}");
     assert!(relay.terminate().await.success(), "{}", relay.log_text());
     relay.assert_no_panic();
     drop_slot(&t);

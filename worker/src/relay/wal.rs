@@ -46,8 +46,8 @@ use service::rollup::{self, Tally};
 use service::state::OutboxState;
 use service::wal::{self, WalEvent};
 
-/// The consumer named on dead letters of logical messages the relay could
-/// not decode.
+/// The consumer named on the WAL relay's dead letters: logical messages it
+/// could not decode, and events reusing another event's message id.
 pub const UNDECODABLE_CONSUMER: &str = "wal-relay";
 
 /// WAL relay settings.
@@ -101,6 +101,9 @@ pub enum WalError {
     /// Another relay holds the slot: this one is a standby.
     #[error("replication slot {0:?} is held by another relay")]
     Standby(String),
+    /// The relay was asked to stop before a window was published.
+    #[error("the WAL relay stopped before its window was published")]
+    Stopped,
     /// A database statement failed.
     #[error("WAL relay database error: {0}")]
     Database(#[from] DbErr),
@@ -190,6 +193,14 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), WalError
     }
     let database = one_text(db, "SELECT current_database()::text AS value").await?;
     if slot_row(db, slot).await?.is_none() {
+        // A new slot starts at its creation; an old slot's position says
+        // nothing about it.
+        db.execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "DELETE FROM wal_relay_position WHERE slot = $1",
+            [slot.into()],
+        ))
+        .await?;
         let created = db
             .execute_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
@@ -356,12 +367,19 @@ pub struct WalRelay {
     db: DatabaseConnection,
     js: jetstream::Context,
     config: WalRelayConfig,
+    /// Set when a session takes the slot: the reconnect backoff starts over.
+    held: std::sync::atomic::AtomicBool,
 }
 
 impl WalRelay {
     /// A relay of `config.slot` on `db` (which [`prepare`] checked) into `js`.
     pub fn new(db: DatabaseConnection, js: jetstream::Context, config: WalRelayConfig) -> Self {
-        Self { db, js, config }
+        Self {
+            db,
+            js,
+            config,
+            held: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// Reads the slot while this relay holds it, and waits as a standby
@@ -386,8 +404,20 @@ impl WalRelay {
                     self.config.standby_retry
                 }
                 Err(err) => {
+                    if self.held.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        failures = 0;
+                    }
                     failures = failures.saturating_add(1);
                     metrics::gauge!("seawall_wal_relay_active").set(0.0);
+                    if err.to_string().contains("does not exist") {
+                        // Dropped or invalidated under running writers: the
+                        // events they wrote meanwhile never reached a slot.
+                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot is gone; recreating it (events written while it was missing are not relayed)");
+                        metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
+                        if let Err(err) = prepare(&self.db, &self.config.slot).await {
+                            tracing::warn!(error = %err, "could not recreate the WAL slot");
+                        }
+                    }
                     tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
                     service::Backoff::new(self.config.retry_base, self.config.retry_max)
                         .delay(failures)
@@ -416,14 +446,16 @@ impl WalRelay {
         let mut client = ReplicationClient::connect_gated(config).await?;
         client.start().await?;
         if let Err(err) = client.wait_started().await {
-            if err.to_string().contains("is active for PID") {
+            // SQLSTATE 55006 (object in use): another session holds the slot.
+            let text = err.to_string();
+            if text.contains("is active for PID") || text.contains("55006") {
                 return Err(WalError::Standby(self.config.slot.clone()));
             }
             return Err(err.into());
         }
         tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
         metrics::gauge!("seawall_wal_relay_active").set(1.0);
-        let mut held = self.held_keys().await?;
+        self.held.store(true, std::sync::atomic::Ordering::Relaxed);
         let stop = cancel.child_token();
         // Whichever way the session ends, the reader stops and lets the slot go.
         let _stop_reader = stop.clone().drop_guard();
@@ -444,7 +476,7 @@ impl WalRelay {
                 window = next.recv() => window.ok_or_else(ended)??,
             };
             let waited = started.elapsed();
-            self.relay_window(&window, &mut held, cancel).await?;
+            self.relay_window(&window, cancel).await?;
             tracing::debug!(
                 events = window.events.len(),
                 wait_ms = waited.as_secs_f64() * 1e3,
@@ -472,7 +504,10 @@ impl WalRelay {
             .db
             .query_one_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
-                "SELECT lsn FROM wal_relay_position WHERE slot = $1",
+                // A position past the server's WAL is another cluster's
+                // (a restored dump): starting there would skip events.
+                "SELECT lsn FROM wal_relay_position WHERE slot = $1 \
+                 AND lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
                 [self.config.slot.as_str().into()],
             ))
             .await?;
@@ -484,54 +519,77 @@ impl WalRelay {
         })
     }
 
-    /// The ordering keys with unpublished rows in `outbox_message`: their
-    /// later events must queue behind those rows.
-    async fn held_keys(&self) -> Result<HashSet<String>, DbErr> {
-        let keys: Vec<Option<String>> = outbox_message::Entity::find()
+    /// The ordering keys of `events` with unpublished rows in
+    /// `outbox_message`, written by this relay or anyone else: their events
+    /// must queue behind those rows. Asked per window, for its keys only.
+    async fn held_keys(&self, events: &[WalEvent]) -> Result<HashSet<String>, DbErr> {
+        let keys: HashSet<&str> = events
+            .iter()
+            .filter_map(|e| e.ordering_key.as_deref())
+            .collect();
+        if keys.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let held: Vec<Option<String>> = outbox_message::Entity::find()
             .select_only()
             .column(outbox_message::Column::OrderingKey)
             .distinct()
             .filter(OutboxState::unpublished())
-            .filter(outbox_message::Column::OrderingKey.is_not_null())
+            .filter(outbox_message::Column::OrderingKey.is_in(keys))
             .into_tuple()
             .all(&self.db)
             .await?;
-        Ok(keys.into_iter().flatten().collect())
+        Ok(held.into_iter().flatten().collect())
     }
 
     /// Publishes a window's events, hands what the broker refused (and what
     /// must queue behind it) to the table, and records undecodable messages;
-    /// returns once all of that is durable. A window the broker could not
-    /// take at all (disconnected) goes again after a backoff.
+    /// returns once all of that is durable. While the broker is unreachable
+    /// the events not yet acknowledged go again after a backoff (never the
+    /// acknowledged ones: the window may outlast JetStream's duplicate
+    /// window).
     async fn relay_window(
         &self,
         window: &Window,
-        held: &mut HashSet<String>,
         cancel: &CancellationToken,
     ) -> Result<(), WalError> {
         let mut attempt = 0u32;
+        let mut published = 0usize;
+        let mut events = window.events.clone();
         loop {
-            if !held.is_empty() {
-                *held = self.held_keys().await?;
-            }
-            let (queued, chains) = split(window.events.clone(), held);
+            let held = self.held_keys(&events).await?;
+            let (queued, chains) = split(events, &held);
             let results = self.publish_chains(chains).await;
+            published += results.iter().map(|c| c.published).sum::<usize>();
             let failed = results.iter().any(|c| c.failed.is_some());
             let connected =
                 self.js.client().connection_state() == async_nats::connection::State::Connected;
-            if failed && !connected && !cancel.is_cancelled() {
+            if failed && !connected {
                 attempt = attempt.saturating_add(1);
                 let wait = service::Backoff::new(self.config.retry_base, self.config.retry_max)
                     .delay(attempt);
-                tracing::warn!(?wait, "NATS is unreachable; the WAL window goes again");
-                tokio::time::sleep(wait).await;
+                tracing::warn!(
+                    ?wait,
+                    "NATS is unreachable; the WAL window's unacknowledged events go again"
+                );
+                tokio::select! {
+                    // Not confirmed: the next session reads the window again.
+                    () = cancel.cancelled() => return Err(WalError::Stopped),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                events = queued;
+                for chain in results {
+                    if let Some((event, _, rest)) = chain.failed {
+                        events.push(event);
+                        events.extend(rest);
+                    }
+                }
                 continue;
             }
-            let published: usize = results.iter().map(|c| c.published).sum();
             metrics::counter!("seawall_relay_published_total").increment(published as u64);
             let mut rows = Vec::new();
             for event in queued {
-                rows.push(service::outbox::row_of(event)?);
+                rows.push((service::outbox::row_of(event.clone())?, event));
             }
             for chain in results {
                 let Some((event, error, rest)) = chain.failed else {
@@ -544,16 +602,13 @@ impl WalRelay {
                     error,
                 );
                 tracing::warn!(message_id = %event.message_id, subject = %event.subject, %error, "publish refused; the event goes to the outbox table to be retried");
-                if let Some(key) = &event.ordering_key {
-                    held.insert(key.clone());
-                }
-                let mut row = service::outbox::row_of(event)?;
+                let mut row = service::outbox::row_of(event.clone())?;
                 row.attempts = Set(1);
                 row.last_error = Set(Some(error));
                 row.next_attempt_at = Set(Utc::now() + super::store::span(self.config.retry_base));
-                rows.push(row);
+                rows.push((row, event));
                 for event in rest {
-                    rows.push(service::outbox::row_of(event)?);
+                    rows.push((service::outbox::row_of(event.clone())?, event));
                 }
             }
             self.record(published, rows, &window.undecodable, window.end)
@@ -628,7 +683,7 @@ impl WalRelay {
     async fn record(
         &self,
         published: usize,
-        rows: Vec<outbox_message::ActiveModel>,
+        rows: Vec<(outbox_message::ActiveModel, WalEvent)>,
         undecodable: &[(Vec<u8>, String)],
         end: Option<Lsn>,
     ) -> Result<(), DbErr> {
@@ -646,6 +701,7 @@ impl WalRelay {
             ))
             .await?;
         }
+        let rows = self.without_clashes(&txn, rows).await?;
         for chunk in rows.chunks(service::outbox::ROWS_PER_INSERT) {
             outbox_message::Entity::insert_many(chunk.to_vec())
                 .on_conflict(
@@ -675,12 +731,94 @@ impl WalRelay {
         }
         txn.commit().await
     }
+
+    /// The rows to hand to the table, less those whose message id a row
+    /// already has: the same event again (a window read twice after a
+    /// crash) is left as it is, and another event reusing the id (which
+    /// table mode would have refused at enqueue) is kept as a dead letter
+    /// instead of being dropped.
+    async fn without_clashes(
+        &self,
+        txn: &sea_orm::DatabaseTransaction,
+        rows: Vec<(outbox_message::ActiveModel, WalEvent)>,
+    ) -> Result<Vec<outbox_message::ActiveModel>, DbErr> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = rows.iter().map(|(_, e)| e.message_id.as_str()).collect();
+        let existing: Vec<(String, String, Vec<u8>)> = outbox_message::Entity::find()
+            .select_only()
+            .column(outbox_message::Column::MessageId)
+            .column(outbox_message::Column::Subject)
+            .column(outbox_message::Column::Payload)
+            .filter(outbox_message::Column::MessageId.is_in(ids))
+            .into_tuple()
+            .all(txn)
+            .await?;
+        let mut fresh = Vec::new();
+        for (row, event) in rows {
+            match existing.iter().find(|(id, _, _)| *id == event.message_id) {
+                None => fresh.push(row),
+                Some((_, subject, payload))
+                    if *subject == event.subject && payload[..] == event.payload[..] => {}
+                Some(_) => {
+                    let error = format!(
+                        "message id {:?} is already used by another outbox event; this one was not published",
+                        event.message_id
+                    );
+                    tracing::error!(message_id = %event.message_id, "{error}");
+                    dead_letter::Entity::insert(dead_letter::ActiveModel {
+                        consumer: Set(UNDECODABLE_CONSUMER.into()),
+                        message_id: Set(Some(event.message_id.clone())),
+                        subject: Set(event.subject.clone()),
+                        payload: Set(event.payload.to_vec()),
+                        headers: Set(serde_json::to_value(&event.headers)
+                            .map_err(|e| DbErr::Json(e.to_string()))?),
+                        error: Set(error),
+                        deliveries: Set(0),
+                        created_at: Set(Utc::now()),
+                        replayed_at: Set(None),
+                        ..Default::default()
+                    })
+                    .exec_without_returning(txn)
+                    .await?;
+                }
+            }
+        }
+        Ok(fresh)
+    }
 }
 
 /// `lsn` as stored in `wal_relay_position` (a `bigint`; positions stay far
 /// below 2^63).
 fn lsn_value(lsn: Lsn) -> i64 {
     i64::try_from(lsn.0).unwrap_or(i64::MAX)
+}
+
+/// Most bytes of an undecodable message kept in its dead letter.
+const KEPT_BYTES: usize = 1 << 20;
+
+/// The events of a seawall message, each checked as an outbox row would
+/// store it: the relay may have to write any of them to the table, and a
+/// row that cannot be written would stop it on that window for good.
+fn checked(content: &bytes::Bytes) -> Result<Vec<WalEvent>, String> {
+    let events = wal::decode(content).map_err(|e| e.to_string())?;
+    for (i, e) in events.iter().enumerate() {
+        service::outbox::check_event(
+            &e.message_id,
+            &e.subject,
+            e.ordering_key.as_deref(),
+            &e.headers,
+        )
+        .map_err(|err| format!("event {i} of the message: {err}"))?;
+    }
+    Ok(events)
+}
+
+/// What a dead letter keeps of an undecodable message: all of it up to
+/// [`KEPT_BYTES`], its start beyond that.
+fn kept(content: &[u8]) -> Vec<u8> {
+    content[..content.len().min(KEPT_BYTES)].to_vec()
 }
 
 /// The stream's end, as an error: a session ends when its stream does.
@@ -766,7 +904,7 @@ impl Reader {
                     content,
                     transactional,
                     lsn,
-                } if prefix == wal::PREFIX => match wal::decode(&content) {
+                } if prefix == wal::PREFIX => match checked(&content) {
                     Ok(events) => match open.as_mut() {
                         Some(txn) if transactional => txn.extend(events),
                         _ => {
@@ -774,7 +912,10 @@ impl Reader {
                             window.end = window.end.max(Some(lsn));
                         }
                     },
-                    Err(err) => window.undecodable.push((content.to_vec(), err.to_string())),
+                    Err(err) => {
+                        let error = format!("{err} ({} bytes)", content.len());
+                        window.undecodable.push((kept(&content), error));
+                    }
                 },
                 ReplicationEvent::Commit { end_lsn, .. } => {
                     let txn = open.take().unwrap_or_default();
