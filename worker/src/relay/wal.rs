@@ -519,9 +519,10 @@ impl WalRelay {
         })
     }
 
-    /// The ordering keys of `events` with unpublished rows in
-    /// `outbox_message`, written by this relay or anyone else: their events
-    /// must queue behind those rows. Asked per window, for its keys only.
+    /// The ordering keys of `events` with pending rows in `outbox_message`,
+    /// written by this relay or anyone else: their events must queue behind
+    /// those rows (a dead row holds nothing, as in table mode). Asked per
+    /// window, for its keys only.
     async fn held_keys(&self, events: &[WalEvent]) -> Result<HashSet<String>, DbErr> {
         let keys: HashSet<&str> = events
             .iter()
@@ -534,7 +535,7 @@ impl WalRelay {
             .select_only()
             .column(outbox_message::Column::OrderingKey)
             .distinct()
-            .filter(OutboxState::unpublished())
+            .filter(OutboxState::Pending.condition())
             .filter(outbox_message::Column::OrderingKey.is_in(keys))
             .into_tuple()
             .all(&self.db)
