@@ -420,3 +420,50 @@ async fn the_wal_relay_survives_a_nats_restart() {
     relay.assert_no_panic();
     drop_slot(&t);
 }
+
+/// A slot being created is listed before it decodes anything: it waits for
+/// the transactions running when its creation began. A second process
+/// finding it must wait too, or the events it writes meanwhile are lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_waits_for_a_slot_another_is_still_creating() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let slot = slot_of(&t);
+    // A transaction with an id, open: the slot's creation waits for it.
+    let open = t.second_pool().await;
+    let txn = open.begin().await.unwrap();
+    txn.execute_raw(Statement::from_string(
+        DbBackend::Postgres,
+        "INSERT INTO throughput_minute (minute, tally, shard, n) VALUES (now(), 'x', 1, 1)",
+    ))
+    .await
+    .unwrap();
+    let creating = {
+        let (db, slot) = (t.db.clone(), slot.clone());
+        tokio::spawn(async move { worker::relay::wal::prepare(&db, &slot).await })
+    };
+    wait_until("the slot is listed", Duration::from_secs(30), || async {
+        ActivePid::find_by_statement(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1",
+            [slot.clone().into()],
+        ))
+        .one(&t.db)
+        .await
+        .unwrap()
+        .is_some()
+    })
+    .await;
+    let finding = {
+        let (db, slot) = (t.db.clone(), slot.clone());
+        tokio::spawn(async move { worker::relay::wal::prepare(&db, &slot).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !finding.is_finished() && !creating.is_finished(),
+        "neither may go on while the slot cannot decode yet"
+    );
+    txn.commit().await.unwrap();
+    creating.await.unwrap().unwrap();
+    finding.await.unwrap().unwrap();
+    assert!(worker::relay::wal::drop_slot(&t.db, &slot).await.unwrap());
+}

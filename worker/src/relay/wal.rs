@@ -215,6 +215,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), WalError
             return Err(err.into());
         }
     }
+    wait_consistent(db, slot).await?;
     let Some(row) = slot_row(db, slot).await? else {
         return Err(WalError::ForeignSlot {
             slot: slot.to_owned(),
@@ -258,6 +259,40 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), WalError
         }
     }
     Ok(())
+}
+
+/// How long start-up waits for another process's slot creation to finish.
+const SLOT_CREATION_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits until `slot` decodes every transaction that commits from now on.
+/// A slot another process is still creating is listed before it is: its
+/// creation waits for the transactions running at its start to end, and
+/// events committed until then would never reach it. Its confirmed
+/// position appears once it is ready.
+async fn wait_consistent(db: &DatabaseConnection, slot: &str) -> Result<(), WalError> {
+    let deadline = tokio::time::Instant::now() + SLOT_CREATION_WAIT;
+    loop {
+        let ready = one_text(
+            db,
+            &format!(
+                "SELECT (count(*) FILTER (WHERE confirmed_flush_lsn IS NOT NULL))::text AS value \
+                 FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ),
+        )
+        .await?;
+        if ready != "0" {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(WalError::ForeignSlot {
+                slot: slot.to_owned(),
+                problem: format!(
+                    "has not become ready in {SLOT_CREATION_WAIT:?} (its creation waits for every transaction running when it began to end)"
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Drops the slot and its publication (`seawall relay --drop-slot`): the
