@@ -1,0 +1,509 @@
+//! The WAL relay (`outbox_mode = "wal"`, PostgreSQL): publishes the events
+//! handlers wrote into the write-ahead log ([`service::wal`]) by reading them
+//! from a logical replication slot, in commit order.
+//!
+//! - **The slot is the lock.** PostgreSQL lets one session stream from a slot
+//!   at a time; a second relay's `START_REPLICATION` is refused while the
+//!   first holds it, so the second waits as a standby and takes over within
+//!   [`WalRelayConfig::standby_retry`] of the first's connection dropping.
+//! - **Confirmed only when published.** The relay reads whole transactions
+//!   into a window, publishes the window's events with `Nats-Msg-Id` (PubAcks
+//!   pipelined; events sharing an ordering key one after another), and only
+//!   then confirms the window's end to the slot. A crash republishes at most
+//!   the unconfirmed windows, and JetStream's duplicate window drops the
+//!   copies.
+//! - **One event does not stop the rest.** When the broker is reachable but
+//!   refuses an event (no stream for its subject, a permission), the event is
+//!   handed to the table relay as a row of `outbox_message` with its error,
+//!   retried there with backoff and marked dead after the attempt limit,
+//!   where the API, dashboard and retry see it as in table mode. Later events
+//!   of its ordering key follow it into the table while any row of that key
+//!   is unpublished, so a key's order holds exactly as in table mode. When
+//!   the broker is unreachable, the window waits and goes again.
+//! - **Nothing is dropped.** A logical message with seawall's prefix that
+//!   this version cannot decode becomes a dead letter (consumer
+//!   [`UNDECODABLE_CONSUMER`]) holding its bytes.
+//!
+//! # Layout
+//! - `slot`: the slot's name, creation and checks, dropping it, and the
+//!   replication connection.
+//! - `reader`: windows of committed transactions read from the stream, and
+//!   confirming positions.
+//! - `record`: what a published window leaves in the database.
+//! - here: the relay's sessions, publishing and hand-over to the table.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use chrono::Utc;
+use futures::future::join_all;
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
+    EntityTrait, QueryFilter, QuerySelect, Statement,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use entity::outbox_message;
+use service::state::OutboxState;
+use service::wal::WalEvent;
+
+/// The consumer named on the WAL relay's dead letters: logical messages it
+/// could not decode, and events reusing another event's message id.
+pub const UNDECODABLE_CONSUMER: &str = "wal-relay";
+
+/// WAL relay settings.
+#[derive(Debug, Clone)]
+pub struct WalRelayConfig {
+    /// The database, as `database_url` names it (the replication connection
+    /// uses its host, port, user, password, database and `sslmode`).
+    pub database_url: String,
+    /// The logical replication slot (and publication) name.
+    pub slot: String,
+    /// Events per window, rounded up to whole transactions (a window also
+    /// goes once it holds 16 MiB of payloads).
+    pub window: usize,
+    /// How often a standby tries to take the slot over.
+    pub standby_retry: Duration,
+    /// First backoff (after a failed window or lost stream); doubles.
+    pub retry_base: Duration,
+    /// Longest backoff.
+    pub retry_max: Duration,
+    /// The connection's server errors, to explain a refused publish.
+    pub server_errors: Option<crate::ServerErrors>,
+}
+
+/// Why the WAL relay cannot run, or why a session ended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WalError {
+    /// The server does not decode its WAL logically.
+    #[error(
+        "outbox_mode = \"wal\" needs PostgreSQL's wal_level = logical, but it is {0:?}: set wal_level = logical (and max_replication_slots, max_wal_senders of at least 1 each) in postgresql.conf and restart PostgreSQL, or use outbox_mode = \"table\""
+    )]
+    WalLevel(String),
+    /// A slot of that name exists for something else.
+    #[error(
+        "replication slot {slot:?} exists but {problem}; set wal_slot to another name, or drop it with `seawall relay --drop-slot` if it is an abandoned seawall slot"
+    )]
+    ForeignSlot {
+        /// The slot.
+        slot: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// `database_url` cannot be turned into a replication connection.
+    #[error("database_url cannot be used for the replication connection: {0}")]
+    Url(String),
+    /// The slot is held by a running relay (drop refused).
+    #[error(
+        "replication slot {0:?} is in use by a running relay; stop the relays before dropping it"
+    )]
+    SlotActive(String),
+    /// Another relay holds the slot: this one is a standby.
+    #[error("replication slot {0:?} is held by another relay")]
+    Standby(String),
+    /// The relay was asked to stop before a window was published.
+    #[error("the WAL relay stopped before its window was published")]
+    Stopped,
+    /// A database statement failed.
+    #[error("WAL relay database error: {0}")]
+    Database(#[from] DbErr),
+    /// The replication stream failed.
+    #[error("WAL relay replication stream: {0}")]
+    Replication(#[from] PgWireError),
+}
+
+mod reader;
+mod record;
+mod slot;
+
+pub use reader::MIN_WINDOW;
+pub use slot::{default_slot_name, drop_slot, prepare, valid_slot_name};
+
+use reader::{Reader, Window, ended};
+use slot::replication_config;
+
+/// A key's (or a key-less event's) publishing outcome in a window.
+#[derive(Debug, Default)]
+struct Chain {
+    published: usize,
+    /// The first event that failed, its error, and the events after it.
+    failed: Option<(WalEvent, String, Vec<WalEvent>)>,
+}
+
+/// Relays the outbox from the WAL.
+pub struct WalRelay {
+    db: DatabaseConnection,
+    js: jetstream::Context,
+    config: WalRelayConfig,
+    /// Set when a session takes the slot: the reconnect backoff starts over.
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl WalRelay {
+    /// A relay of `config.slot` on `db` (which [`prepare`] checked) into `js`.
+    pub fn new(db: DatabaseConnection, js: jetstream::Context, config: WalRelayConfig) -> Self {
+        Self {
+            db,
+            js,
+            config,
+            held: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Reads the slot while this relay holds it, and waits as a standby
+    /// while another does, until `cancel` fires. Lost streams and database
+    /// trouble are logged and retried with backoff; it never gives up.
+    pub async fn run(&self, cancel: CancellationToken) {
+        let mut failures = 0u32;
+        let mut standby_logged = false;
+        while !cancel.is_cancelled() {
+            let ended = self.session(&cancel).await;
+            if cancel.is_cancelled() {
+                break;
+            }
+            let wait = match ended {
+                Ok(()) => break,
+                Err(WalError::Standby(slot)) => {
+                    if !standby_logged {
+                        tracing::info!(%slot, "another relay holds the WAL slot; waiting as a standby");
+                        standby_logged = true;
+                    }
+                    metrics::gauge!("seawall_wal_relay_active").set(0.0);
+                    self.config.standby_retry
+                }
+                Err(err) => {
+                    if self.held.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        failures = 0;
+                    }
+                    failures = failures.saturating_add(1);
+                    metrics::gauge!("seawall_wal_relay_active").set(0.0);
+                    if err.to_string().contains("does not exist") {
+                        // Dropped or invalidated under running writers: the
+                        // events they wrote meanwhile never reached a slot.
+                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot is gone; recreating it (events written while it was missing are not relayed)");
+                        metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
+                        if let Err(err) = prepare(&self.db, &self.config.slot).await {
+                            tracing::warn!(error = %err, "could not recreate the WAL slot");
+                        }
+                    }
+                    tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
+                    service::Backoff::new(self.config.retry_base, self.config.retry_max)
+                        .delay(failures)
+                }
+            };
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        metrics::gauge!("seawall_wal_relay_active").set(0.0);
+    }
+
+    /// One replication session: take the slot, then relay windows until
+    /// `cancel` fires or the stream fails. A reader task assembles the next
+    /// window while this one is published; positions go back to it to be
+    /// confirmed.
+    async fn session(&self, cancel: &CancellationToken) -> Result<(), WalError> {
+        let mut config = replication_config(&self.config.database_url, &self.config.slot)?;
+        // The slot itself may be behind after a PostgreSQL crash: start
+        // where this relay durably got to, so what it published before is
+        // skipped by the server instead of published again.
+        if let Some(position) = self.position().await? {
+            config = config.with_start_lsn(position);
+        }
+        let mut client = ReplicationClient::connect_gated(config).await?;
+        client.start().await?;
+        if let Err(err) = client.wait_started().await {
+            // SQLSTATE 55006 (object in use): another session holds the slot.
+            let text = err.to_string();
+            if text.contains("is active for PID") || text.contains("55006") {
+                return Err(WalError::Standby(self.config.slot.clone()));
+            }
+            return Err(err.into());
+        }
+        tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
+        metrics::gauge!("seawall_wal_relay_active").set(1.0);
+        self.held.store(true, std::sync::atomic::Ordering::Relaxed);
+        let stop = cancel.child_token();
+        // Whichever way the session ends, the reader stops and lets the slot go.
+        let _stop_reader = stop.clone().drop_guard();
+        let (windows, mut next) = mpsc::channel(1);
+        let (confirm, confirms) = mpsc::unbounded_channel();
+        let reader = Reader {
+            client,
+            confirms,
+            size: self.config.window,
+        };
+        tokio::spawn(reader.run(windows, stop));
+        loop {
+            let started = std::time::Instant::now();
+            let window = tokio::select! {
+                // A stopping reader ends its stream too; stopping comes first.
+                biased;
+                () = cancel.cancelled() => break,
+                window = next.recv() => window.ok_or_else(ended)??,
+            };
+            let waited = started.elapsed();
+            self.relay_window(&window, cancel).await?;
+            tracing::debug!(
+                events = window.events.len(),
+                wait_ms = waited.as_secs_f64() * 1e3,
+                publish_ms = (started.elapsed() - waited).as_secs_f64() * 1e3,
+                "WAL window"
+            );
+            if let Some(end) = window.end {
+                let _ = confirm.send(end);
+            }
+            metrics::gauge!("seawall_relay_heartbeat_timestamp_seconds")
+                .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+            if let Some(commit) = window.commit_time {
+                // PostgreSQL's epoch is 2000-01-01.
+                let commit_ms = commit / 1000 + 946_684_800_000;
+                let lag = (Utc::now().timestamp_millis() - commit_ms).max(0);
+                metrics::gauge!("seawall_wal_relay_lag_seconds").set(lag as f64 / 1000.0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the relays of this slot durably got to, if anywhere.
+    async fn position(&self) -> Result<Option<Lsn>, DbErr> {
+        let row = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                // A position past the server's WAL is another cluster's
+                // (a restored dump): starting there would skip events.
+                "SELECT lsn FROM wal_relay_position WHERE slot = $1 \
+                 AND lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
+                [self.config.slot.as_str().into()],
+            ))
+            .await?;
+        Ok(match row {
+            Some(row) => Some(Lsn(
+                u64::try_from(row.try_get::<i64>("", "lsn")?).unwrap_or(0)
+            )),
+            None => None,
+        })
+    }
+
+    /// The ordering keys of `events` with pending rows in `outbox_message`,
+    /// written by this relay or anyone else: their events must queue behind
+    /// those rows (a dead row holds nothing, as in table mode). Asked per
+    /// window, for its keys only.
+    async fn held_keys(&self, events: &[WalEvent]) -> Result<HashSet<String>, DbErr> {
+        let keys: HashSet<&str> = events
+            .iter()
+            .filter_map(|e| e.ordering_key.as_deref())
+            .collect();
+        if keys.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let held: Vec<Option<String>> = outbox_message::Entity::find()
+            .select_only()
+            .column(outbox_message::Column::OrderingKey)
+            .distinct()
+            .filter(OutboxState::Pending.condition())
+            .filter(outbox_message::Column::OrderingKey.is_in(keys))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(held.into_iter().flatten().collect())
+    }
+
+    /// Publishes a window's events, hands what the broker refused (and what
+    /// must queue behind it) to the table, and records undecodable messages;
+    /// returns once all of that is durable. While the broker is unreachable
+    /// the events not yet acknowledged go again after a backoff (never the
+    /// acknowledged ones: the window may outlast JetStream's duplicate
+    /// window).
+    async fn relay_window(
+        &self,
+        window: &Window,
+        cancel: &CancellationToken,
+    ) -> Result<(), WalError> {
+        let mut attempt = 0u32;
+        let mut published = 0usize;
+        let mut events = window.events.clone();
+        loop {
+            let held = self.held_keys(&events).await?;
+            let (queued, chains) = split(events, &held);
+            let results = self.publish_chains(chains).await;
+            published += results.iter().map(|c| c.published).sum::<usize>();
+            let failed = results.iter().any(|c| c.failed.is_some());
+            let connected =
+                self.js.client().connection_state() == async_nats::connection::State::Connected;
+            if failed && !connected {
+                attempt = attempt.saturating_add(1);
+                let wait = service::Backoff::new(self.config.retry_base, self.config.retry_max)
+                    .delay(attempt);
+                tracing::warn!(
+                    ?wait,
+                    "NATS is unreachable; the WAL window's unacknowledged events go again"
+                );
+                tokio::select! {
+                    // Not confirmed: the next session reads the window again.
+                    () = cancel.cancelled() => return Err(WalError::Stopped),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                events = queued;
+                for chain in results {
+                    if let Some((event, _, rest)) = chain.failed {
+                        events.push(event);
+                        events.extend(rest);
+                    }
+                }
+                continue;
+            }
+            metrics::counter!("seawall_relay_published_total").increment(published as u64);
+            let mut rows = Vec::new();
+            for event in queued {
+                rows.push((service::outbox::row_of(event.clone())?, event));
+            }
+            for chain in results {
+                let Some((event, error, rest)) = chain.failed else {
+                    continue;
+                };
+                metrics::counter!("seawall_relay_failed_total").increment(1);
+                let error = crate::relay::explain(
+                    self.config.server_errors.as_ref(),
+                    &event.subject,
+                    error,
+                );
+                tracing::warn!(message_id = %event.message_id, subject = %event.subject, %error, "publish refused; the event goes to the outbox table to be retried");
+                let mut row = service::outbox::row_of(event.clone())?;
+                row.attempts = Set(1);
+                row.last_error = Set(Some(error));
+                row.next_attempt_at = Set(Utc::now() + super::store::span(self.config.retry_base));
+                rows.push((row, event));
+                for event in rest {
+                    rows.push((service::outbox::row_of(event.clone())?, event));
+                }
+            }
+            self.record(published, rows, &window.undecodable, window.end)
+                .await?;
+            return Ok(());
+        }
+    }
+
+    /// Publishes the chains (one key's events, or one key-less event) in
+    /// rounds: each round sends the next event of every chain still going,
+    /// one after another as a plain publisher does, then awaits their
+    /// PubAcks together. A chain stops at its first failure, so a key's
+    /// events go out in order and none after a refused one.
+    async fn publish_chains(&self, chains: Vec<Vec<WalEvent>>) -> Vec<Chain> {
+        let mut results: Vec<Chain> = chains.iter().map(|_| Chain::default()).collect();
+        let mut queues: Vec<std::collections::VecDeque<WalEvent>> =
+            chains.into_iter().map(Into::into).collect();
+        loop {
+            let mut round = Vec::new();
+            for (i, queue) in queues.iter_mut().enumerate() {
+                if results[i].failed.is_none()
+                    && let Some(event) = queue.pop_front()
+                {
+                    let sent = self.dispatch(&event).await;
+                    round.push((i, event, sent));
+                }
+            }
+            if round.is_empty() {
+                return results;
+            }
+            let acks = join_all(round.into_iter().map(|(i, event, sent)| async move {
+                let outcome = match sent {
+                    Ok(in_flight) => in_flight.acknowledged().await,
+                    Err(error) => Err(error),
+                };
+                (i, event, outcome)
+            }))
+            .await;
+            for (i, event, outcome) in acks {
+                match outcome {
+                    Ok(()) => results[i].published += 1,
+                    Err(error) => {
+                        let rest = std::mem::take(&mut queues[i]).into();
+                        results[i].failed = Some((event, error, rest));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn dispatch(&self, event: &WalEvent) -> Result<crate::relay::InFlight, String> {
+        let headers = event
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()));
+        let message = crate::relay::message(&event.message_id, headers, event.payload.clone())?;
+        let stored = || event.headers.clone();
+        crate::relay::dispatch(
+            &self.js,
+            &event.subject,
+            &event.message_id,
+            &stored,
+            message,
+        )
+        .await
+    }
+}
+
+/// Splits `events` into those that must queue in the table behind a held
+/// key, and chains to publish: one per ordering key (in order), one per
+/// key-less event.
+fn split(events: Vec<WalEvent>, held: &HashSet<String>) -> (Vec<WalEvent>, Vec<Vec<WalEvent>>) {
+    let mut queued = Vec::new();
+    let mut keyed: BTreeMap<String, Vec<WalEvent>> = BTreeMap::new();
+    let mut chains = Vec::new();
+    for event in events {
+        match event.ordering_key.clone() {
+            Some(key) if held.contains(&key) => queued.push(event),
+            Some(key) => keyed.entry(key).or_default().push(event),
+            None => chains.push(vec![event]),
+        }
+    }
+    chains.extend(keyed.into_values());
+    (queued, chains)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashSet};
+
+    use chrono::Utc;
+
+    use super::*;
+
+    #[test]
+    fn held_keys_queue_and_other_keys_chain_in_order() {
+        let event = |id: &str, key: Option<&str>| WalEvent {
+            message_id: id.into(),
+            subject: "s".into(),
+            ordering_key: key.map(Into::into),
+            headers: BTreeMap::new(),
+            payload: bytes::Bytes::new(),
+            causation_id: None,
+            causation_consumer: None,
+            correlation_id: None,
+            created_at: Utc::now(),
+        };
+        let held = HashSet::from(["k1".to_owned()]);
+        let (queued, chains) = split(
+            vec![
+                event("a", Some("k1")),
+                event("b", Some("k2")),
+                event("c", None),
+                event("d", Some("k2")),
+            ],
+            &held,
+        );
+        assert_eq!(queued.len(), 1);
+        let ids: Vec<Vec<&str>> = chains
+            .iter()
+            .map(|c| c.iter().map(|e| e.message_id.as_str()).collect())
+            .collect();
+        assert_eq!(ids, vec![vec!["c"], vec!["b", "d"]]);
+    }
+}
