@@ -105,19 +105,7 @@ fn attribute<'a>(span: &'a Received, key: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_trace_runs_from_a_request_through_the_outbox_to_the_next_consumer() {
-    one_trace(Backend::Sqlite, "table").await;
-}
-
-/// The same trace when the event travels in PostgreSQL's WAL: its trace
-/// context is in the logical message, and the WAL relay's publish span
-/// continues it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_trace_runs_through_the_wal_outbox_too() {
-    one_trace(Backend::Postgres, "wal").await;
-}
-
-async fn one_trace(backend: Backend, outbox_mode: &str) {
-    let (t, nats, js) = with_ledger_stream(backend).await;
+    let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
     let hook = WebhookServer::start(Duration::ZERO, 200).await;
     let (endpoint, spans) = receiver().await;
     let process = |role: &str, log_format: &str| {
@@ -134,7 +122,6 @@ async fn one_trace(backend: Backend, outbox_mode: &str) {
                 ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".to_owned()),
                 ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
                 ("OTEL_SERVICE_NAME", role.to_owned()),
-                ("SEAWALL_OUTBOX_MODE", outbox_mode.to_owned()),
             ],
         )
     };
@@ -227,8 +214,4 @@ async fn one_trace(backend: Backend, outbox_mode: &str) {
     relay.assert_no_panic();
     consume.terminate().await;
     relay.terminate().await;
-    if outbox_mode == "wal" {
-        let slot = worker::relay::wal::default_slot_name(&t.url);
-        assert!(worker::relay::wal::drop_slot(&t.db, &slot).await.unwrap());
-    }
 }
