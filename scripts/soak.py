@@ -32,11 +32,12 @@ import time
 from soaklib.check import Checks
 from soaklib.cluster import Cluster, Webhook
 from soaklib.common import now
-from soaklib.faults import FAULTS, Faults
+from soaklib.failover import Failover
+from soaklib.faults import DEFAULT_FAULTS, FAILOVER_FAULTS, FAULTS, Faults
 from soaklib.load import Load
 
 
-class Soak(Cluster, Faults, Load, Checks):
+class Soak(Cluster, Faults, Failover, Load, Checks):
     def __init__(self, args):
         self.args = args
         self.dir = tempfile.mkdtemp(prefix="seawall-soak-")
@@ -143,12 +144,16 @@ def parse():
     p.add_argument("--seawall", required=True)
     p.add_argument("--nats-server", required=True)
     p.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:55432")
-    p.add_argument("--pg-data", required=True, help="data directory of that cluster, for the restart fault")
+    p.add_argument("--pg-data", help="data directory of that cluster, for the restart fault")
+    p.add_argument("--failover", action="store_true",
+                   help="the database is the Patroni cluster of `scripts/services start ha` behind HAProxy "
+                        "(--pg-url its read-write port): switchover and failover replace the restart")
+    p.add_argument("--ha-dir", help="that cluster's directory (SEAWALL_HA_DIR), with --failover")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--rate", type=float, default=500.0, help="messages per second published")
     p.add_argument("--kills", type=int, default=10)
-    p.add_argument("--faults", default=",".join(FAULTS),
-                   help="which of " + ",".join(FAULTS) + " to inject (kills: --kills)")
+    p.add_argument("--faults", help="which of " + ",".join(FAULTS) + " to inject (kills: --kills); default "
+                   + ",".join(DEFAULT_FAULTS) + ", or with --failover " + ",".join(FAILOVER_FAULTS))
     p.add_argument("--max-deliver", type=int, default=5, help="SEAWALL_MAX_DELIVER: the app's give-up point")
     p.add_argument("--outage", type=float, default=3.0, help="seconds a NATS node stays down")
     p.add_argument("--window-ms", type=int, default=20_000, help="JetStream duplicate window")
@@ -159,7 +164,17 @@ def parse():
     p.add_argument("--report", default="soak-report.json")
     p.add_argument("--outbox-mode", choices=["table", "wal"], default="table",
                    help="SEAWALL_OUTBOX_MODE: outbox rows, or events in PostgreSQL's WAL relayed from a slot")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.faults is None:
+        args.faults = ",".join(FAILOVER_FAULTS if args.failover else DEFAULT_FAULTS)
+    chosen = set(args.faults.split(","))
+    if args.failover and not args.ha_dir:
+        p.error("--failover needs --ha-dir")
+    if chosen & {"switchover", "failover"} and not args.failover:
+        p.error("the switchover and failover faults need --failover")
+    if "pg" in chosen and not args.pg_data:
+        p.error("the pg fault needs --pg-data")
+    return args
 
 
 if __name__ == "__main__":

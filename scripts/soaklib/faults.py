@@ -17,7 +17,14 @@ FAULTS = {
     "poison": "fault_poison",
     "slow": "fault_slow",
     "commit": "fault_commit",
+    # Only with --failover (soaklib/failover.py): the database is a Patroni cluster.
+    "switchover": "fault_switchover",
+    "failover": "fault_failover",
 }
+# The faults run unless --faults names others: a failover soak replaces the
+# single server's restart with the cluster's switchover and failover.
+DEFAULT_FAULTS = [f for f in FAULTS if f not in ("switchover", "failover")]
+FAILOVER_FAULTS = [f for f in FAULTS if f != "pg"]
 
 
 class Faults:
@@ -137,13 +144,16 @@ class Faults:
         return ["kill"] * self.args.kills + [f for f in FAULTS if f != "kill" and f in chosen]
 
     def run_faults(self, duration, stop):
+        self.load_done = stop
         plan = self.planned_faults()
         self.frng.shuffle(plan)
-        # The proxy can only cut COMMITs while messages still arrive: the
-        # COMMIT fault goes first, during the load.
-        if "commit" in plan:
-            plan.remove("commit")
-            plan.insert(0, "commit")
+        # The proxy can only cut COMMITs, and a failover only meets open
+        # transactions, while messages still arrive: those faults go first,
+        # during the load.
+        for early in ("switchover", "failover", "commit"):
+            if early in plan:
+                plan.remove(early)
+                plan.insert(0, early)
         gap = max(duration / (len(plan) + 1), 1.0)
         for fault in plan:
             deadline = now() + self.frng.uniform(0.5, 1.5) * gap

@@ -1,0 +1,144 @@
+"""The failover faults: the soak's database is the Patroni cluster of
+`scripts/services start ha`, reached through HAProxy's read-write port.
+
+- switchover: `patronictl switchover`, the planned hand-over an operator runs
+  for maintenance;
+- failover: kill -9 of the leader's Patroni and its postmaster together, so
+  the replica is promoted once the leader key expires; the killed node's
+  Patroni is started again and rejoins as the replica (pg_rewind).
+
+Each records three recovery times: until HAProxy routes writes to the new
+leader, until seawall's readyz answers 200, and until a credit committed after
+the fault is visible (processing resumed).
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+from soaklib.common import now
+
+NODES = ("pg1", "pg2")
+
+
+class Failover:
+    """Mixed into the soak when it runs with --failover."""
+
+    def patroni_config(self, node):
+        return os.path.join(self.args.ha_dir, node, "patroni.yml")
+
+    def cluster_members(self):
+        """Patroni's view: member name -> (role, state)."""
+        cluster = self.rest("/cluster") or {"members": []}
+        return {m["name"]: (m["role"], m.get("state", "")) for m in cluster["members"]}
+
+    def leader(self):
+        members = self.cluster_members()
+        return next((name for name, (role, _) in members.items() if role == "leader"), None)
+
+    def writable_leader(self):
+        """The node HAProxy's read-write port reaches, if it takes writes."""
+        try:
+            rows = self.psql("SELECT inet_server_port(), pg_is_in_recovery()")
+        except subprocess.CalledProcessError:
+            return None
+        port, in_recovery = rows[0]
+        return None if in_recovery == "t" else int(port)
+
+    def wait_for(self, what, condition, timeout=120):
+        deadline = now() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if now() > deadline:
+                raise RuntimeError(f"{what} did not happen within {timeout} s")
+            time.sleep(0.1)
+
+    def rest(self, path):
+        """GET `path` from the first Patroni REST API that answers."""
+        for node in NODES:
+            with open(self.patroni_config(node)) as f:
+                address = next(line.split()[1] for line in f if line.strip().startswith("connect_address: 127.0.0.1:58"))
+            try:
+                with urllib.request.urlopen(f"http://{address}{path}", timeout=2) as r:
+                    return json.load(r)
+            except OSError:
+                continue
+        return None
+
+    def replica_in_sync(self):
+        """The other node streams again, and is the synchronous standby when
+        the cluster runs in synchronous mode (Patroni switches over only to
+        that one), so the next fault starts from a healthy pair."""
+        members = self.cluster_members()
+        config = self.rest("/config") or {}
+        replica = "sync_standby" if config.get("synchronous_mode") else "replica"
+        roles = sorted(role for role, state in members.values() if state in ("running", "streaming"))
+        return roles == sorted(["leader", replica])
+
+    def credits(self):
+        try:
+            return int(self.psql("SELECT count(*) FROM credit")[0][0])
+        except subprocess.CalledProcessError:
+            return None
+
+    def record_failover(self, fault, started, old_port):
+        new_port = self.wait_for(f"a new writable leader after the {fault}",
+                                 lambda: (p := self.writable_leader()) and p != old_port and p)
+        routed = round(now() - started, 2)
+        self.recoveries.append((f"{fault}: writes routed to the new leader", routed))
+        self.log("recovered", f"{fault}: HAProxy routes writes to port {new_port} after {routed} s")
+        before = self.credits() or 0
+        self.wait_ready(fault, started)
+        if not self.load_done():
+            self.wait_for(f"a credit committed after the {fault}", lambda: (self.credits() or 0) > before)
+            resumed = round(now() - started, 2)
+            self.recoveries.append((f"{fault}: processing resumed", resumed))
+            self.log("recovered", f"{fault}: credits committed again after {resumed} s")
+
+    def fault_switchover(self):
+        self.wait_for("a healthy pair before the switchover", self.replica_in_sync, timeout=180)
+        leader = self.wait_for("a Patroni leader", self.leader)
+        candidate = next(n for n in NODES if n != leader)
+        old_port = self.writable_leader()
+        started = now()
+        out = subprocess.run(["patronictl", "-c", self.patroni_config(leader), "switchover", "--leader", leader,
+                              "--candidate", candidate, "--force"], capture_output=True, text=True)
+        if out.returncode != 0 or "failed" in out.stdout.lower():
+            raise RuntimeError(f"patronictl switchover failed: {out.stdout} {out.stderr}")
+        self.log("fault", f"patronictl switchover {leader} -> {candidate}")
+        self.record_failover("switchover", started, old_port)
+        self.wait_for("the old leader rejoining as replica", self.replica_in_sync, timeout=180)
+
+    def fault_failover(self):
+        self.wait_for("a healthy pair before the failover", self.replica_in_sync, timeout=180)
+        leader = self.wait_for("a Patroni leader", self.leader)
+        node_dir = os.path.join(self.args.ha_dir, leader)
+        old_port = self.writable_leader()
+        patroni_pid = int(subprocess.run(["pgrep", "-f", f"^/usr/bin/python3 /usr/bin/patroni {self.patroni_config(leader)}$"],
+                                         capture_output=True, text=True, check=True).stdout.split()[0])
+        with open(os.path.join(node_dir, "data", "postmaster.pid")) as f:
+            postmaster_pid = int(f.readline())
+        children = subprocess.run(["pgrep", "-P", str(postmaster_pid)], capture_output=True, text=True).stdout.split()
+        started = now()
+        for pid in (patroni_pid, postmaster_pid):
+            os.kill(pid, signal.SIGKILL)
+        self.log("fault", f"kill -9 of {leader}'s Patroni ({patroni_pid}) and postmaster ({postmaster_pid})")
+        self.record_failover("failover", started, old_port)
+        # The killed node comes back as the replica, as an operator would
+        # bring it back: its Patroni rewinds it onto the new timeline.
+        # Its backends exit when they notice the postmaster is gone; one left
+        # behind would keep the shared memory and block the restart.
+        self.wait_for("the killed postmaster's backends to exit",
+                      lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children))
+        log = open(os.path.join(node_dir, "patroni.out"), "ab")
+        proc = subprocess.Popen(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--",
+                                 "patroni", self.patroni_config(leader)], stdout=log, stderr=log,
+                                start_new_session=True)
+        with open(os.path.join(node_dir, "patroni.pid"), "w") as f:
+            f.write(f"{proc.pid}\n")
+        self.wait_for(f"{leader} rejoining as replica", self.replica_in_sync, timeout=180)
+        self.log("restart", f"{leader} rejoined as replica after {now() - started:.1f} s")
