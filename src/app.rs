@@ -78,6 +78,10 @@ pub struct Domain {
     pub registry: Registry,
 }
 
+/// Connections the admin API keeps to its read replica: a dashboard refresh
+/// runs four requests at once.
+const ADMIN_READ_POOL: u32 = 4;
+
 /// A process, built and ready to run.
 pub struct Application {
     relay: Option<Relay>,
@@ -166,9 +170,18 @@ impl Application {
             retention,
             prune_interval: Duration::from_millis(settings.prune_interval_ms),
         });
+        let reads = match &settings.admin_database_url {
+            Some(url) if roles.api => Some(
+                connect_db(url, ADMIN_READ_POOL)
+                    .await
+                    .context("connecting to the admin read replica (admin_database_url)")?,
+            ),
+            _ => None,
+        };
         let api = roles.api.then(|| {
             let state = api::AppState {
                 db,
+                reads,
                 nats: Some(client),
                 jetstream: Some(js),
                 relay_wake: Some(wake),

@@ -35,6 +35,9 @@ pub struct Settings {
     pub nats_tls_first: bool,
     pub api_addr: SocketAddr,
     pub admin_token: Option<String>,
+    /// A read replica of `database_url` for the admin API's lists, details
+    /// and stats; its writes still go to `database_url`.
+    pub admin_database_url: Option<String>,
     pub ack_wait_ms: u64,
     pub max_deliver: i64,
     pub max_handling_ms: u64,
@@ -86,6 +89,7 @@ const KEYS: &[&str] = &[
     "nats_tls_first",
     "api_addr",
     "admin_token",
+    "admin_database_url",
     "ack_wait_ms",
     "max_deliver",
     "max_handling_ms",
@@ -133,6 +137,7 @@ impl Default for Settings {
             nats_tls_first: false,
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: None,
+            admin_database_url: None,
             ack_wait_ms: 30_000,
             max_deliver: 5,
             max_handling_ms: 300_000,
@@ -413,6 +418,24 @@ impl Settings {
                 "database_url",
                 format!("unsupported scheme {scheme:?}; use sqlite:, postgres: or mysql:"),
             ));
+        }
+        if let Some(url) = &self.admin_database_url {
+            let admin = url.split(':').next().unwrap_or_default();
+            let family = |s: &str| {
+                if s == "postgresql" {
+                    "postgres".to_owned()
+                } else {
+                    s.to_owned()
+                }
+            };
+            if family(admin) != family(scheme) {
+                return Err(invalid(
+                    "admin_database_url",
+                    format!(
+                        "must be a replica of database_url, on the same engine ({scheme}:), not {admin:?}"
+                    ),
+                ));
+            }
         }
         if !self.nats_url.contains("://") && !self.nats_url.contains(':') {
             return Err(invalid(

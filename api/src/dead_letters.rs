@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use entity::dead_letter;
+use sea_orm::DatabaseConnection;
 use service::admin::{self, Cursor, DeadLetterFilter, Replay, ReplayError};
 use service::dead_letter::{DeadLetter, REPLAY_OF_HEADER};
 
@@ -74,8 +75,8 @@ impl From<dead_letter::Model> for DeadLetterRow {
     }
 }
 
-async fn find(state: &AppState, id: i64) -> Result<dead_letter::Model, ApiError> {
-    admin::dead_letter(&state.db, id)
+async fn find(db: &DatabaseConnection, id: i64) -> Result<dead_letter::Model, ApiError> {
+    admin::dead_letter(db, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no dead letter with id {id}")))
 }
@@ -96,7 +97,7 @@ pub async fn list_dead_letters(
         after: q.after,
         limit,
     };
-    let rows = admin::dead_letters(&state.db, &filter, cursor).await?;
+    let rows = admin::dead_letters(state.reads(), &filter, cursor).await?;
     let rows = rows.into_iter().map(DeadLetterRow::from).collect();
     Ok(Json(Page::from_rows(rows, limit, |r: &DeadLetterRow| r.id)))
 }
@@ -108,7 +109,7 @@ pub async fn get_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<DeadLetterDetail>, ApiError> {
-    let m = find(&state, id).await?;
+    let m = find(state.reads(), id).await?;
     let (payload, payload_encoding) = encode_payload(&m.payload);
     let headers = m.headers.clone();
     Ok(Json(DeadLetterDetail {
@@ -135,7 +136,7 @@ pub async fn replay_dead_letter(
         // Without a broker nothing can be replayed; say so before judging
         // the row itself (only a missing row or one without an id, which
         // could never be replayed anywhere, come first).
-        let row = find(&state, id).await?;
+        let row = find(&state.db, id).await?;
         if row.message_id.is_none() {
             return Err(ApiError::Conflict(
                 ReplayError::<ApiError>::NoMessageId(id).to_string(),

@@ -57,6 +57,11 @@ pub enum ApiError {
     Database(#[from] sea_orm::DbErr),
 }
 
+/// What a client is told when the database is down or changing primary: a
+/// 503 it may retry, not a 500 that reads as a bug.
+const DATABASE_UNAVAILABLE: &str =
+    "the database is unavailable (down, or a failover is in progress); try again shortly";
+
 impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str) {
         match self {
@@ -67,6 +72,9 @@ impl ApiError {
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Self::Database(err) if service::classify::is_outage(err) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "database_unavailable")
+            }
             Self::Database(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -87,6 +95,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.parts();
         if let Self::Database(err) = &self {
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                tracing::warn!(error = %err, "admin API: database unavailable");
+                return error_response(status, code, DATABASE_UNAVAILABLE);
+            }
             tracing::error!(error = %err, "admin API database error");
         }
         error_response(status, code, self.to_string())

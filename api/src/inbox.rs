@@ -128,8 +128,8 @@ pub async fn list_inbox(
         after: q.after,
         limit,
     };
-    let rows = admin::markers(&state.db, &filter, cursor, now).await?;
-    let reasons = stuck::claim_reasons(&state.db, &rows, now).await?;
+    let rows = admin::markers(state.reads(), &filter, cursor, now).await?;
+    let reasons = stuck::claim_reasons(state.reads(), &rows, now).await?;
     let rows = rows
         .into_iter()
         .map(|m| {

@@ -60,8 +60,8 @@ async fn present(state: &AppState, steps: Vec<Step>) -> Result<Vec<JourneyStep>,
     let now = Utc::now();
     let events: Vec<_> = steps.iter().filter_map(|s| s.event.clone()).collect();
     let markers: Vec<_> = steps.iter().flat_map(|s| s.markers.clone()).collect();
-    let event_reasons = stuck::outbox_reasons(&state.db, &events, now).await?;
-    let claim_reasons = stuck::claim_reasons(&state.db, &markers, now).await?;
+    let event_reasons = stuck::outbox_reasons(state.reads(), &events, now).await?;
+    let claim_reasons = stuck::claim_reasons(state.reads(), &markers, now).await?;
     Ok(steps
         .into_iter()
         .map(|step| JourneyStep {
@@ -102,7 +102,7 @@ pub async fn get_message(
     State(state): State<AppState>,
     Path(message_id): Path<String>,
 ) -> Result<Json<Journey>, ApiError> {
-    let found = journey::message(&state.db, &message_id).await?;
+    let found = journey::message(state.reads(), &message_id).await?;
     if found.is_empty() {
         return Err(ApiError::NotFound(format!(
             "nothing is known of message {message_id:?}"
@@ -127,7 +127,7 @@ pub async fn get_correlation(
     State(state): State<AppState>,
     Path(correlation_id): Path<String>,
 ) -> Result<Json<Correlation>, ApiError> {
-    let steps = journey::correlation(&state.db, &correlation_id).await?;
+    let steps = journey::correlation(state.reads(), &correlation_id).await?;
     if steps.is_empty() {
         return Err(ApiError::NotFound(format!(
             "nothing is known of correlation {correlation_id:?}"

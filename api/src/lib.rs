@@ -84,8 +84,12 @@ impl Default for ApiConfig {
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
-    /// The database.
+    /// The database: every write, and every read when `reads` is unset.
     pub db: DatabaseConnection,
+    /// A read replica (`admin_database_url`) for lists, details, journeys
+    /// and stats, so operators can look while the primary is loaded or
+    /// failing over; writes never go there.
+    pub reads: Option<DatabaseConnection>,
     /// NATS, for readiness and replays.
     pub nats: Option<async_nats::Client>,
     /// JetStream on that connection.
@@ -96,6 +100,13 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Settings.
     pub config: Arc<ApiConfig>,
+}
+
+impl AppState {
+    /// Where read-only queries go: the replica when one is configured.
+    pub fn reads(&self) -> &DatabaseConnection {
+        self.reads.as_ref().unwrap_or(&self.db)
+    }
 }
 
 /// Start-up problems.

@@ -9,7 +9,6 @@
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use chrono::Utc;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::AppState;
@@ -93,6 +92,10 @@ fn describe() {
         "seawall_wal_relay_lag_seconds",
         "Age of the transaction the WAL relay published last when it published it"
     );
+    metrics::describe_gauge!(
+        "seawall_admin_replica_lag_seconds",
+        "Age of the last transaction the admin API's read replica replayed (0 when caught up)"
+    );
     metrics::counter!("seawall_dead_letters_total").increment(0);
     metrics::counter!("seawall_executor_exhausted_total").increment(0);
     metrics::counter!("seawall_claims_quarantined_total").increment(0);
@@ -108,9 +111,12 @@ pub async fn render(State(state): State<AppState>) -> Response {
             "metrics are not enabled in this process",
         );
     };
-    let wal_slot = state.config.wal_slot.as_deref();
-    match service::stats::stats(&state.db, Utc::now(), wal_slot).await {
-        Ok(stats) => {
+    match crate::stats::current(&state).await {
+        Ok((stats, replica)) => {
+            if let Some(replica) = replica {
+                metrics::gauge!("seawall_admin_replica_lag_seconds")
+                    .set(replica.lag_seconds.unwrap_or(0.0));
+            }
             let g = |status: &'static str, v: u64| {
                 metrics::gauge!("seawall_outbox_rows", "status" => status).set(v as f64)
             };

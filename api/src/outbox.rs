@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use entity::outbox_message;
+use sea_orm::DatabaseConnection;
 use service::admin::{self, Cursor, OutboxFilter, TimeRange};
 use service::stuck::{self, OutboxReason};
 use service::{Outbox, OutboxState};
@@ -170,8 +171,8 @@ pub async fn list_outbox(
         after: q.after,
         limit,
     };
-    let rows = admin::outbox_rows(&state.db, &filter, cursor).await?;
-    let reasons = stuck::outbox_reasons(&state.db, &rows, Utc::now()).await?;
+    let rows = admin::outbox_rows(state.reads(), &filter, cursor).await?;
+    let reasons = stuck::outbox_reasons(state.reads(), &rows, Utc::now()).await?;
     let rows = rows
         .into_iter()
         .map(|m| {
@@ -183,14 +184,17 @@ pub async fn list_outbox(
 }
 
 /// The row as the API shows it, with why it is not moving.
-async fn with_reason(state: &AppState, m: outbox_message::Model) -> Result<OutboxRow, ApiError> {
-    let reasons = stuck::outbox_reasons(&state.db, std::slice::from_ref(&m), Utc::now()).await?;
+async fn with_reason(
+    db: &DatabaseConnection,
+    m: outbox_message::Model,
+) -> Result<OutboxRow, ApiError> {
+    let reasons = stuck::outbox_reasons(db, std::slice::from_ref(&m), Utc::now()).await?;
     let reason = reasons.get(&m.id).cloned();
     Ok(OutboxRow::new(m, reason.as_ref()))
 }
 
-async fn find(state: &AppState, id: i64) -> Result<outbox_message::Model, ApiError> {
-    admin::outbox_row(&state.db, id)
+async fn find(db: &DatabaseConnection, id: i64) -> Result<outbox_message::Model, ApiError> {
+    admin::outbox_row(db, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no outbox row with id {id}")))
 }
@@ -202,11 +206,11 @@ pub async fn get_outbox(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<OutboxDetail>, ApiError> {
-    let m = find(&state, id).await?;
+    let m = find(state.reads(), id).await?;
     let (payload, payload_encoding) = encode_payload(&m.payload);
     let headers = m.headers.clone();
     Ok(Json(OutboxDetail {
-        row: with_reason(&state, m).await?,
+        row: with_reason(state.reads(), m).await?,
         payload,
         payload_encoding,
         headers,
@@ -220,7 +224,7 @@ pub async fn retry_outbox(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<OutboxRow>, ApiError> {
-    let m = find(&state, id).await?;
+    let m = find(&state.db, id).await?;
     if m.published_at.is_some() {
         return Err(ApiError::Conflict(format!(
             "outbox row {id} is already published"
@@ -231,7 +235,9 @@ pub async fn retry_outbox(
         ..OutboxFilter::default()
     };
     retry(&state, &one).await?;
-    Ok(Json(with_reason(&state, find(&state, id).await?).await?))
+    Ok(Json(
+        with_reason(&state.db, find(&state.db, id).await?).await?,
+    ))
 }
 
 /// Makes every dead row matching the filter publishable again.

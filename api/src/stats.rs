@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use service::{retention, stats};
+use service::{replica, retention, stats};
 
 use crate::AppState;
 use crate::error::{ApiError, ErrorBody};
@@ -28,8 +28,12 @@ pub struct Stats {
     pub relay_lag_ms: Option<f64>,
     /// Published events and processed messages per minute, oldest first.
     pub throughput: Vec<MinuteCount>,
-    /// The WAL relay's slot (`outbox_mode = "wal"`); absent in table mode.
+    /// The WAL relay's slot (`outbox_mode = "wal"`); absent in table mode,
+    /// and while the primary cannot be read (the rest comes from the replica).
     pub wal: Option<WalBacklog>,
+    /// The read replica these numbers come from (`admin_database_url`);
+    /// absent when they come from the primary.
+    pub replica: Option<ReplicaStatus>,
     /// Which numbers are estimates (large tables on PostgreSQL), e.g. `outbox.published`.
     pub estimated: Vec<String>,
     /// When this was computed.
@@ -75,6 +79,33 @@ pub struct WalBacklog {
     pub behind_bytes: i64,
     /// Delay of the relay's confirmations, in seconds.
     pub flush_lag_seconds: Option<f64>,
+}
+
+/// The read replica the stats and lists come from.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaStatus {
+    /// It still replays a primary's WAL (false once promoted).
+    pub in_recovery: bool,
+    /// Its WAL receiver streams from a primary (absent when the database
+    /// role may not see the receiver).
+    pub streaming: Option<bool>,
+    /// Age of the last transaction it replayed, in seconds; 0 when it has
+    /// replayed all it received.
+    pub lag_seconds: Option<f64>,
+    /// WAL the primary wrote that it has not replayed, in bytes (absent
+    /// while the primary is down).
+    pub behind_bytes: Option<i64>,
+}
+
+impl From<replica::ReplicaStatus> for ReplicaStatus {
+    fn from(r: replica::ReplicaStatus) -> Self {
+        Self {
+            in_recovery: r.in_recovery,
+            streaming: r.streaming,
+            lag_seconds: r.lag_seconds,
+            behind_bytes: r.behind_bytes,
+        }
+    }
 }
 
 /// One minute of throughput.
@@ -129,6 +160,7 @@ impl From<stats::Stats> for Stats {
                 behind_bytes: w.behind_bytes,
                 flush_lag_seconds: w.flush_lag_seconds,
             }),
+            replica: None,
             estimated: s.estimated,
             generated_at: s.generated_at,
         }
@@ -158,10 +190,37 @@ impl From<retention::PruneReport> for PruneReport {
 #[utoipa::path(get, path = "/api/v1/stats", tag = "stats",
     responses((status = 200, body = Stats), (status = 401, body = ErrorBody)))]
 pub async fn get_stats(State(state): State<AppState>) -> Result<Json<Stats>, ApiError> {
+    let (stats, replica) = current(&state).await?;
+    let mut body: Stats = stats.into();
+    body.replica = replica.map(Into::into);
+    Ok(Json(body))
+}
+
+/// The stats as the API and `/metrics` show them: read from the replica
+/// when one is configured, except the WAL slot, which only the primary has.
+///
+/// # Errors
+/// The replica's (or, without one, the primary's) database error.
+pub(crate) async fn current(
+    state: &AppState,
+) -> Result<(stats::Stats, Option<replica::ReplicaStatus>), sea_orm::DbErr> {
     let wal_slot = state.config.wal_slot.as_deref();
-    Ok(Json(
-        stats::stats(&state.db, Utc::now(), wal_slot).await?.into(),
-    ))
+    let now = Utc::now();
+    let Some(reads) = &state.reads else {
+        return Ok((stats::stats(&state.db, now, wal_slot).await?, None));
+    };
+    let mut stats = stats::stats(reads, now, None).await?;
+    if let Some(slot) = wal_slot {
+        stats.wal = match service::wal::backlog(&state.db, slot).await {
+            Ok(backlog) => backlog,
+            Err(err) => {
+                tracing::warn!(error = %err, "stats: the primary's WAL slot cannot be read");
+                None
+            }
+        };
+    }
+    let replica = replica::status(reads, &state.db).await?;
+    Ok((stats, replica))
 }
 
 /// Runs retention pruning now and returns how many rows it removed.

@@ -146,6 +146,7 @@ fn endpoints(rows: u64) -> Vec<String> {
 async fn serve(db: &DatabaseConnection, cancel: CancellationToken) -> Result<String> {
     let state = api::AppState {
         db: db.clone(),
+        reads: None,
         nats: None,
         jetstream: None,
         relay_wake: None,

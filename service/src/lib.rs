@@ -41,6 +41,7 @@ pub mod inbox;
 pub mod journey;
 pub mod outbox;
 pub mod registry;
+pub mod replica;
 pub mod retention;
 pub mod rollup;
 pub mod state;

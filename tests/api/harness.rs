@@ -30,6 +30,7 @@ impl TestApi {
         let t = TestDb::new(backend).await;
         let state = api::AppState {
             db: t.db.clone(),
+            reads: None,
             nats: None,
             jetstream: None,
             relay_wake: None,

@@ -112,6 +112,7 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let state = api::AppState {
         db: t.db.clone(),
+        reads: None,
         nats: None,
         jetstream: Some(js.clone()),
         relay_wake: Some(Arc::new(Notify::new())),
