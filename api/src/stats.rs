@@ -211,13 +211,10 @@ pub(crate) async fn current(
     };
     let mut stats = stats::stats(reads, now, None).await?;
     if let Some(slot) = wal_slot {
-        stats.wal = match service::wal::backlog(&state.db, slot).await {
-            Ok(backlog) => backlog,
-            Err(err) => {
-                tracing::warn!(error = %err, "stats: the primary's WAL slot cannot be read");
-                None
-            }
-        };
+        stats.wal =
+            replica::ask_primary("stats (WAL slot)", service::wal::backlog(&state.db, slot))
+                .await
+                .flatten();
     }
     let replica = replica::status(reads, &state.db).await?;
     Ok((stats, replica))

@@ -57,11 +57,18 @@ class Failover:
                 raise RuntimeError(f"{what} did not happen within {timeout} s")
             time.sleep(0.1)
 
+    def rest_address(self, node):
+        """host:port of the node's Patroni REST API: `restapi.listen` of its
+        configuration (as `scripts/services` writes it)."""
+        with open(self.patroni_config(node)) as f:
+            lines = f.read().splitlines()
+        section = lines.index("restapi:")
+        return next(line.split()[1] for line in lines[section + 1:] if line.strip().startswith("listen:"))
+
     def rest(self, path):
         """GET `path` from the first Patroni REST API that answers."""
         for node in NODES:
-            with open(self.patroni_config(node)) as f:
-                address = next(line.split()[1] for line in f if line.strip().startswith("connect_address: 127.0.0.1:58"))
+            address = self.rest_address(node)
             try:
                 with urllib.request.urlopen(f"http://{address}{path}", timeout=2) as r:
                     return json.load(r)

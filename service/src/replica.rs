@@ -4,8 +4,37 @@
 //! primary is busy or failing over; what they see is then as old as the
 //! replica's replay, and the dashboard has to say how old.
 
+use std::future::Future;
+use std::time::Duration;
+
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, FromQueryResult, Statement};
 use serde::{Deserialize, Serialize};
+
+/// How long a question for the primary may take on a page served from the
+/// replica. A primary that is down holds a query for the pool's acquire
+/// timeout (30 s), behind HAProxy until its connect timeout: without this
+/// bound the replica would not keep the pages answering, which is its job.
+pub const PRIMARY_PROBE: Duration = Duration::from_secs(2);
+
+/// Runs `query` against the primary for a page served from the replica: its
+/// answer, or `None` (logged, naming `what`) when it fails or takes longer
+/// than [`PRIMARY_PROBE`].
+pub async fn ask_primary<T>(
+    what: &str,
+    query: impl Future<Output = Result<T, DbErr>>,
+) -> Option<T> {
+    match tokio::time::timeout(PRIMARY_PROBE, query).await {
+        Ok(Ok(answer)) => Some(answer),
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "{what}: the primary cannot be read");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("{what}: the primary did not answer within {PRIMARY_PROBE:?}");
+            None
+        }
+    }
+}
 
 /// The read replica's state, as the dashboard shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, FromQueryResult)]
@@ -30,7 +59,7 @@ pub struct ReplicaStatus {
 /// WAL position of `primary` when that answers. `None` off PostgreSQL.
 ///
 /// # Errors
-/// The replica's query failing (the primary's failing leaves
+/// The replica's query failing (the primary's failing or hanging leaves
 /// `behind_bytes` unset instead: that is the outage the replica is for).
 pub async fn status<R: ConnectionTrait, P: ConnectionTrait>(
     reads: &R,
@@ -39,20 +68,16 @@ pub async fn status<R: ConnectionTrait, P: ConnectionTrait>(
     if reads.get_database_backend() != DbBackend::Postgres {
         return Ok(None);
     }
-    let primary_lsn = match primary
-        .query_one_raw(Statement::from_string(
+    let primary_lsn = ask_primary(
+        "replica status",
+        primary.query_one_raw(Statement::from_string(
             DbBackend::Postgres,
             "SELECT pg_current_wal_lsn()::text AS lsn",
-        ))
-        .await
-    {
-        Ok(Some(row)) => row.try_get::<String>("", "lsn").ok(),
-        Ok(None) => None,
-        Err(err) => {
-            tracing::debug!(error = %err, "replica status: the primary's WAL position is unknown");
-            None
-        }
-    };
+        )),
+    )
+    .await
+    .flatten()
+    .and_then(|row| row.try_get::<String>("", "lsn").ok());
     ReplicaStatus::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT pg_is_in_recovery() AS in_recovery,
