@@ -27,10 +27,18 @@ impl TestApi {
 
     /// An API with the given token, or none (loopback-only mode).
     pub async fn start_with(backend: Backend, token: Option<&str>) -> Self {
-        let t = TestDb::new(backend).await;
+        Self::start_on(TestDb::new(backend).await, token, None).await
+    }
+
+    /// An API on `t`, reading from `reads` when given (a replica).
+    pub async fn start_on(
+        t: TestDb,
+        token: Option<&str>,
+        reads: Option<sea_orm::DatabaseConnection>,
+    ) -> Self {
         let state = api::AppState {
             db: t.db.clone(),
-            reads: None,
+            reads,
             nats: None,
             jetstream: None,
             relay_wake: None,

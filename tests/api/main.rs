@@ -11,4 +11,5 @@ mod local;
 mod openapi;
 mod pages;
 mod reasons;
+mod replica;
 mod schemathesis;

@@ -29,7 +29,7 @@ pub struct TestDb {
     _dir: Option<tempfile::TempDir>,
 }
 
-fn server_url(var: &str) -> String {
+pub fn server_url(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
         panic!(
             "{var} is not set: run the suite with `scripts/test`, which starts the database servers"
@@ -41,7 +41,24 @@ impl TestDb {
     /// Creates an empty database on `backend`, applies the migrations and
     /// creates the test domain's tables.
     pub async fn new(backend: Backend) -> Self {
-        let t = Self::empty(backend).await;
+        Self::migrated(Self::empty(backend).await).await
+    }
+
+    /// A database like [`TestDb::new`]'s on the Patroni cluster of
+    /// `scripts/services start ha`, through HAProxy's read-write port.
+    #[allow(dead_code)] // Only the API tests use the cluster.
+    pub async fn on_ha_cluster() -> Self {
+        let (url, db) = create_postgres(&server_url("SEAWALL_HA_PG_URL")).await;
+        Self::migrated(Self {
+            backend: Backend::Postgres,
+            url,
+            db,
+            _dir: None,
+        })
+        .await
+    }
+
+    async fn migrated(t: Self) -> Self {
         Migrator::up(&t.db, None).await.expect("migrations apply");
         domain::create_tables(&t.db)
             .await
@@ -59,9 +76,13 @@ impl TestDb {
                 (url, Some(dir))
             }
             Backend::Postgres => {
-                let base = server_url("SEAWALL_TEST_PG_URL");
-                create_database(&format!("{base}/postgres"), DbBackend::Postgres, &name).await;
-                (format!("{base}/{name}"), None)
+                let (url, db) = create_postgres(&server_url("SEAWALL_TEST_PG_URL")).await;
+                return Self {
+                    backend,
+                    url,
+                    db,
+                    _dir: None,
+                };
             }
             Backend::MySql => {
                 let base = server_url("SEAWALL_TEST_MYSQL_URL");
@@ -96,6 +117,15 @@ pub async fn connect(url: &str, max: u32) -> DatabaseConnection {
     service::db::connect(url, max)
         .await
         .expect("connect to the test database")
+}
+
+/// A new database on the PostgreSQL server at `base`: its URL and a pool.
+async fn create_postgres(base: &str) -> (String, DatabaseConnection) {
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    create_database(&format!("{base}/postgres"), DbBackend::Postgres, &name).await;
+    let url = format!("{base}/{name}");
+    let db = connect(&url, 20).await;
+    (url, db)
 }
 
 async fn create_database(admin_url: &str, backend: DbBackend, name: &str) {

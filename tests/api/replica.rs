@@ -1,0 +1,177 @@
+//! `admin_database_url`: the admin API reads from a replica of the Patroni
+//! cluster (`scripts/services start ha`) and writes to the primary, so its
+//! pages answer while the primary is down and its writes say why they fail.
+
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::Duration as Age;
+use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, Statement};
+
+use entity::{dead_letter, outbox_message};
+
+use crate::harness::{TOKEN, TestApi, dead, outbox_row};
+use crate::support::{TestDb, connect, server_url, wait_until};
+
+/// The cluster's leader with its PostgreSQL stopped and Patroni paused (so
+/// nothing fails over); resumed on drop, whatever the test did.
+struct StoppedPrimary {
+    config: String,
+}
+
+impl StoppedPrimary {
+    fn stop() -> Self {
+        let dir = server_url("SEAWALL_HA_DIR");
+        let config = format!("{dir}/pg1/patroni.yml");
+        let list = patronictl(&config, &["list", "-f", "json"]);
+        let members: Vec<serde_json::Value> = serde_json::from_str(&list).expect("patronictl list");
+        let leader = members
+            .iter()
+            .find(|m| m["Role"] == "Leader")
+            .and_then(|m| m["Member"].as_str())
+            .expect("the cluster has a leader")
+            .to_owned();
+        patronictl(&config, &["pause", "--wait"]);
+        let stopped = Self { config };
+        let status = Command::new("setpriv")
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg("/usr/lib/postgresql/15/bin/pg_ctl")
+            .args([
+                "-D",
+                &format!("{dir}/{leader}/data"),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ])
+            .status()
+            .expect("pg_ctl");
+        assert!(status.success(), "stopping the leader's PostgreSQL");
+        stopped
+    }
+}
+
+impl Drop for StoppedPrimary {
+    fn drop(&mut self) {
+        // Patroni starts the stopped node again (or promotes the replica).
+        patronictl(&self.config, &["resume", "--wait"]);
+    }
+}
+
+fn patronictl(config: &str, args: &[&str]) -> String {
+    let out = Command::new("patronictl")
+        .args(["-c", config])
+        .args(args)
+        .output()
+        .expect("patronictl runs");
+    assert!(
+        out.status.success(),
+        "patronictl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_get_503() {
+    let t = TestDb::on_ha_cluster().await;
+    outbox_message::Entity::insert(outbox_row(
+        "r-1",
+        "ledger.recorded",
+        "dead",
+        Age::minutes(5),
+    ))
+    .exec(&t.db)
+    .await
+    .unwrap();
+    dead_letter::Entity::insert(dead("ledger", Some("r-2")))
+        .exec(&t.db)
+        .await
+        .unwrap();
+    let name = t.url.rsplit('/').next().unwrap().to_owned();
+    let reads = connect(
+        &format!("{}/{name}", server_url("SEAWALL_HA_PG_REPLICA_URL")),
+        4,
+    )
+    .await;
+    let primary = t.db.clone();
+    wait_until("the replica has the rows", Duration::from_secs(30), || {
+        let reads = reads.clone();
+        async move {
+            matches!(dead_letter::Entity::find().all(&reads).await, Ok(rows) if rows.len() == 1)
+        }
+    })
+    .await;
+    let api = TestApi::start_on(t, Some(TOKEN), Some(reads)).await;
+
+    let (status, stats) = api.get("/api/v1/stats").await;
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(stats["replica"]["in_recovery"], true, "{stats}");
+    assert!(stats["replica"]["behind_bytes"].is_i64(), "{stats}");
+    let id = api.get("/api/v1/outbox").await.1["items"][0]["id"]
+        .as_i64()
+        .expect("the row is listed");
+
+    let stopped = StoppedPrimary::stop();
+    assert!(
+        primary
+            .execute_raw(Statement::from_string(DbBackend::Postgres, "SELECT 1"))
+            .await
+            .is_err(),
+        "the primary is down"
+    );
+    let (status, page) = api.get("/api/v1/outbox").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["items"][0]["message_id"], "r-1", "{page}");
+    let (status, detail) = api.get(&format!("/api/v1/outbox/{id}")).await;
+    assert_eq!(status, 200, "{detail}");
+    let (status, letters) = api.get("/api/v1/dead-letters").await;
+    assert_eq!(status, 200, "{letters}");
+    assert_eq!(letters["items"][0]["message_id"], "r-2", "{letters}");
+    let (status, stats) = api.get("/api/v1/stats").await;
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(stats["outbox"]["dead"], 1, "{stats}");
+    assert!(
+        stats["replica"]["behind_bytes"].is_null(),
+        "the primary's position is unknown while it is down: {stats}"
+    );
+
+    let (status, err) = api.post(&format!("/api/v1/outbox/{id}/retry"), None).await;
+    assert_eq!(status, 503, "{err}");
+    assert_eq!(err["error"]["code"], "database_unavailable", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("failover")),
+        "{err}"
+    );
+
+    drop(stopped);
+    wait_until(
+        "the cluster takes writes again",
+        Duration::from_secs(90),
+        || {
+            let primary = primary.clone();
+            async move {
+                primary
+                    .execute_raw(Statement::from_string(
+                        DbBackend::Postgres,
+                        "SELECT 1 WHERE NOT pg_is_in_recovery()",
+                    ))
+                    .await
+                    .is_ok_and(|r| r.rows_affected() == 1)
+            }
+        },
+    )
+    .await;
+    let (status, row) = api.post(&format!("/api/v1/outbox/{id}/retry"), None).await;
+    assert_eq!(
+        status, 200,
+        "the write works again after the failover: {row}"
+    );
+}
