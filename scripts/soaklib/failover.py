@@ -144,7 +144,7 @@ class Failover:
         log = open(os.path.join(node_dir, "patroni.out"), "ab")
         proc = subprocess.Popen(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--",
                                  "patroni", self.patroni_config(leader)], stdout=log, stderr=log,
-                                start_new_session=True)
+                                cwd=node_dir, start_new_session=True)
         with open(os.path.join(node_dir, "patroni.pid"), "w") as f:
             f.write(f"{proc.pid}\n")
         self.wait_for(f"{leader} rejoining as replica", self.replica_in_sync, timeout=180)

@@ -57,7 +57,7 @@ class Faults:
         started = now()
         subprocess.run(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--",
                         f"{PG_BIN}/pg_ctl", "-D", self.args.pg_data, "-m", "immediate", "-w", "restart"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
         self.log("fault", "PostgreSQL restarted (-m immediate)")
         self.wait_ready("PostgreSQL restart", started)
 

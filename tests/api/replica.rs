@@ -33,7 +33,10 @@ impl StoppedPrimary {
             .to_owned();
         patronictl(&config, &["pause", "--wait"]);
         let stopped = Self { config };
+        // From `/`: pg_ctl running as postgres cannot return to a checkout
+        // under a directory only root can enter.
         let status = Command::new("setpriv")
+            .current_dir("/")
             .args([
                 "--reuid=postgres",
                 "--regid=postgres",

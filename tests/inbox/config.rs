@@ -61,6 +61,18 @@ fn wal_mode_off_postgresql_or_a_bad_slot_name_stops_startup_naming_the_key() {
 }
 
 #[test]
+fn an_admin_replica_on_another_engine_stops_startup_naming_the_key() {
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_DATABASE_URL", "postgres://127.0.0.1:1/x"),
+            ("SEAWALL_ADMIN_DATABASE_URL", "mysql://127.0.0.1:1/x"),
+        ],
+    );
+    fails_naming(&out, "admin_database_url");
+}
+
+#[test]
 fn an_unsupported_database_url_stops_startup_naming_the_key() {
     let out = seawall(
         &["migrate"],
