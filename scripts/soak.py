@@ -149,6 +149,9 @@ def parse():
                    help="the database is the Patroni cluster of `scripts/services start ha` behind HAProxy "
                         "(--pg-url its read-write port): switchover and failover replace the restart")
     p.add_argument("--ha-dir", help="that cluster's directory (SEAWALL_HA_DIR), with --failover")
+    p.add_argument("--replica-lag", type=float, default=0.0,
+                   help="seconds the leader's WAL senders are stopped before the failover's kill -9, so the replica "
+                        "is that far behind (what asynchronous replication loses; see soaklib/failover.py)")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--rate", type=float, default=500.0, help="messages per second published")
     p.add_argument("--kills", type=int, default=10)

@@ -5,7 +5,11 @@
   for maintenance;
 - failover: kill -9 of the leader's Patroni and its postmaster together, so
   the replica is promoted once the leader key expires; the killed node's
-  Patroni is started again and rejoins as the replica (pg_rewind).
+  Patroni is started again and rejoins as the replica (pg_rewind). With
+  --replica-lag S the leader's WAL senders are stopped (SIGSTOP) for S
+  seconds first, so the replica is S seconds behind when the leader dies, as
+  on a slow or congested link; the measure of what asynchronous replication
+  loses, since on loopback the replica is otherwise never behind.
 
 Each records three recovery times: until HAProxy routes writes to the new
 leader, until seawall's readyz answers 200, and until a credit committed after
@@ -120,6 +124,19 @@ class Failover:
         self.record_failover("switchover", started, old_port)
         self.wait_for("the old leader rejoining as replica", self.replica_in_sync, timeout=180)
 
+    @staticmethod
+    def wal_senders(pids):
+        """The WAL sender processes among a postmaster's children."""
+        senders = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"walsender" in f.read():
+                        senders.append(int(pid))
+            except OSError:  # exited meanwhile
+                continue
+        return senders
+
     def fault_failover(self):
         self.wait_for("a healthy pair before the failover", self.replica_in_sync, timeout=180)
         leader = self.wait_for("a Patroni leader", self.leader)
@@ -130,8 +147,16 @@ class Failover:
         with open(os.path.join(node_dir, "data", "postmaster.pid")) as f:
             postmaster_pid = int(f.readline())
         children = subprocess.run(["pgrep", "-P", str(postmaster_pid)], capture_output=True, text=True).stdout.split()
+        senders = self.wal_senders(children) if self.args.replica_lag else []
+        for pid in senders:
+            os.kill(pid, signal.SIGSTOP)
+        if senders:
+            self.log("fault", f"{leader}'s WAL senders {senders} stopped for {self.args.replica_lag} s")
+            time.sleep(self.args.replica_lag)
         started = now()
-        for pid in (patroni_pid, postmaster_pid):
+        # A stopped sender is killed too: it would never notice its
+        # postmaster is gone, and it must not send what it holds.
+        for pid in (patroni_pid, postmaster_pid, *senders):
             os.kill(pid, signal.SIGKILL)
         self.log("fault", f"kill -9 of {leader}'s Patroni ({patroni_pid}) and postmaster ({postmaster_pid})")
         self.record_failover("failover", started, old_port)
