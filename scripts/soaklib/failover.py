@@ -9,7 +9,9 @@
   --replica-lag S the leader's WAL senders are stopped (SIGSTOP) for S
   seconds first, so the replica is S seconds behind when the leader dies, as
   on a slow or congested link; the measure of what asynchronous replication
-  loses, since on loopback the replica is otherwise never behind.
+  loses, since on loopback the replica is otherwise never behind. Patroni
+  promotes no replica more than `maximum_lag_on_failover` (1 MiB) behind,
+  so S stays around a second at the soak's rates.
 
 Each records three recovery times: until HAProxy routes writes to the new
 leader, until seawall's readyz answers 200, and until a credit committed after
@@ -124,18 +126,39 @@ class Failover:
         self.record_failover("switchover", started, old_port)
         self.wait_for("the old leader rejoining as replica", self.replica_in_sync, timeout=180)
 
-    @staticmethod
-    def wal_senders(pids):
-        """The WAL sender processes among a postmaster's children."""
-        senders = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"walsender" in f.read():
-                        senders.append(int(pid))
-            except OSError:  # exited meanwhile
-                continue
-        return senders
+    def replica_senders(self, replica):
+        """The leader's WAL senders streaming to the replica (Patroni names
+        each replication connection after its member); not the logical
+        senders of a WAL-mode relay."""
+        rows = self.psql(f"SELECT pid FROM pg_stat_replication WHERE application_name = '{replica}'")
+        if not rows:
+            raise RuntimeError(f"--replica-lag: no WAL sender streams to {replica}")
+        return [int(row[0]) for row in rows]
+
+    def lag_then_kill(self, leader, patroni_pid, postmaster_pid):
+        """kill -9 of the leader's Patroni and postmaster; with
+        --replica-lag, after its senders to the replica were stopped that
+        long. Stopped senders are killed whatever happens: a stopped one
+        would never notice its postmaster is gone, would hold a fast shutdown
+        forever, and must not send what it holds."""
+        senders = self.replica_senders(next(n for n in NODES if n != leader)) if self.args.replica_lag else []
+        try:
+            for pid in senders:
+                os.kill(pid, signal.SIGSTOP)
+            if senders:
+                self.log("fault", f"{leader}'s WAL senders {senders} stopped for {self.args.replica_lag} s")
+                time.sleep(self.args.replica_lag)
+            started = now()
+            for pid in (patroni_pid, postmaster_pid):
+                os.kill(pid, signal.SIGKILL)
+            self.log("fault", f"kill -9 of {leader}'s Patroni ({patroni_pid}) and postmaster ({postmaster_pid})")
+            return started
+        finally:
+            for pid in senders:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def fault_failover(self):
         self.wait_for("a healthy pair before the failover", self.replica_in_sync, timeout=180)
@@ -147,18 +170,7 @@ class Failover:
         with open(os.path.join(node_dir, "data", "postmaster.pid")) as f:
             postmaster_pid = int(f.readline())
         children = subprocess.run(["pgrep", "-P", str(postmaster_pid)], capture_output=True, text=True).stdout.split()
-        senders = self.wal_senders(children) if self.args.replica_lag else []
-        for pid in senders:
-            os.kill(pid, signal.SIGSTOP)
-        if senders:
-            self.log("fault", f"{leader}'s WAL senders {senders} stopped for {self.args.replica_lag} s")
-            time.sleep(self.args.replica_lag)
-        started = now()
-        # A stopped sender is killed too: it would never notice its
-        # postmaster is gone, and it must not send what it holds.
-        for pid in (patroni_pid, postmaster_pid, *senders):
-            os.kill(pid, signal.SIGKILL)
-        self.log("fault", f"kill -9 of {leader}'s Patroni ({patroni_pid}) and postmaster ({postmaster_pid})")
+        started = self.lag_then_kill(leader, patroni_pid, postmaster_pid)
         self.record_failover("failover", started, old_port)
         # The killed node comes back as the replica, as an operator would
         # bring it back: its Patroni rewinds it onto the new timeline.
