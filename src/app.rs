@@ -81,6 +81,9 @@ pub struct Domain {
 /// Connections the admin API keeps to its read replica: a dashboard refresh
 /// runs four requests at once.
 const ADMIN_READ_POOL: u32 = 4;
+/// How long an admin read waits for a replica connection (see
+/// `connect_admin_reads`).
+const ADMIN_READ_ACQUIRE: Duration = Duration::from_secs(3);
 
 /// A process, built and ready to run.
 pub struct Application {
@@ -172,7 +175,7 @@ impl Application {
         });
         let reads = match &settings.admin_database_url {
             Some(url) if roles.api => Some(
-                connect_db(url, ADMIN_READ_POOL)
+                connect_admin_reads(url)
                     .await
                     .context("connecting to the admin read replica (admin_database_url)")?,
             ),
@@ -367,6 +370,22 @@ pub async fn connect_db(url: &str, max: u32) -> Result<DatabaseConnection> {
             crate::config::redact(url)
         )
     })
+}
+
+/// Opens the admin API's read replica pool. Lazily: a replica that is down
+/// when the process starts must not stop its relay and consumers; its pages
+/// answer 503 until it is back. A read waits at most [`ADMIN_READ_ACQUIRE`]
+/// for a connection, well inside the request timeout, so a replica that is
+/// down is told as a JSON 503 `database_unavailable`, not a timed-out request.
+///
+/// # Errors
+/// The URL is invalid.
+async fn connect_admin_reads(url: &str) -> Result<DatabaseConnection> {
+    let mut opts = service::db::options(url, ADMIN_READ_POOL, service::db::SQLITE_BUSY_TIMEOUT);
+    opts.acquire_timeout(ADMIN_READ_ACQUIRE).connect_lazy(true);
+    sea_orm::Database::connect(opts)
+        .await
+        .with_context(|| format!("opening {}", crate::config::redact(url)))
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

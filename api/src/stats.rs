@@ -86,8 +86,9 @@ pub struct WalBacklog {
 pub struct ReplicaStatus {
     /// It still replays a primary's WAL (false once promoted).
     pub in_recovery: bool,
-    /// Its WAL receiver streams from a primary (absent when the database
-    /// role may not see the receiver).
+    /// Its WAL receiver streams from a primary: false when none runs (the
+    /// primary is down or unreachable); absent once promoted or when the
+    /// database role may not see the receiver.
     pub streaming: Option<bool>,
     /// Age of the last transaction it replayed, in seconds; 0 when it has
     /// replayed all it received.

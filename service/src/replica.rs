@@ -42,8 +42,10 @@ pub struct ReplicaStatus {
     /// The server still replays a primary's WAL. False once it has been
     /// promoted (or when the URL names a primary): the reads are then current.
     pub in_recovery: bool,
-    /// Its WAL receiver is streaming from a primary; `None` when the
-    /// database role may not see the receiver (needs `pg_read_all_stats`).
+    /// Its WAL receiver is streaming from a primary: false when no receiver
+    /// runs (the primary is down or unreachable, so nothing new arrives);
+    /// `None` once promoted, or when the database role may not see the
+    /// receiver (needs `pg_read_all_stats`).
     pub streaming: Option<bool>,
     /// Seconds between now and the commit time of the last transaction it
     /// replayed, or 0 when it has replayed all it received. While it is not
@@ -81,7 +83,10 @@ pub async fn status<R: ConnectionTrait, P: ConnectionTrait>(
     ReplicaStatus::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT pg_is_in_recovery() AS in_recovery,
-                (SELECT status = 'streaming' FROM pg_stat_wal_receiver) AS streaming,
+                CASE WHEN pg_is_in_recovery() THEN
+                    (SELECT CASE WHEN count(*) = 0 THEN false ELSE bool_or(status = 'streaming') END
+                     FROM pg_stat_wal_receiver)
+                END AS streaming,
                 CASE WHEN NOT pg_is_in_recovery() THEN 0
                      WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0
                      ELSE GREATEST(EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()), 0)
