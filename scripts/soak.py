@@ -103,6 +103,7 @@ class Soak(Cluster, Faults, Failover, Load, Checks):
             self.spawn(name, cmd)
         self.log("seawall", "4 consume, 2 relay, 1 api running")
         valid, malformed, missing = self.plan_messages()
+        self.valid_total = len(valid)
         load_seconds = a.messages / a.rate
         done = {"flag": False}
         loop = asyncio.get_running_loop()
