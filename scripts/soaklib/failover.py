@@ -13,9 +13,10 @@
   promotes no replica more than `maximum_lag_on_failover` (1 MiB) behind,
   so S stays around a second at the soak's rates.
 
-Each records three recovery times: until HAProxy routes writes to the new
+Each records its recovery times: until HAProxy routes writes to the new
 leader, until seawall's readyz answers 200, and until a credit committed after
-the fault is visible (processing resumed).
+the fault is visible (processing resumed), unless every valid message was
+credited before the fault and nothing was left to resume.
 """
 import json
 import os
@@ -104,7 +105,10 @@ class Failover:
         routed = round(now() - started, 2)
         self.recoveries.append((f"{fault}: writes routed to the new leader", routed))
         self.log("recovered", f"{fault}: HAProxy routes writes to port {new_port} after {routed} s")
-        before = self.credits() or 0
+        # Counted once the new leader answers, so a failed query is not
+        # taken for zero (the first credit would then look like a resumption).
+        before = self.wait_for("the credit count on the new leader",
+                               lambda: (c := self.credits()) is not None and (c,))[0]
         self.wait_ready(fault, started)
         if not self.load_done():
             # A fault late in the load can find every valid message credited
