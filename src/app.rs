@@ -378,14 +378,30 @@ pub async fn connect_db(url: &str, max: u32) -> Result<DatabaseConnection> {
 /// for a connection, well inside the request timeout, so a replica that is
 /// down is told as a JSON 503 `database_unavailable`, not a timed-out request.
 ///
+/// One connection is tried at once all the same: an answer that is not an
+/// outage (an unknown database, a refused password) would fail every read
+/// for as long as the process runs, so it stops start-up instead, as any
+/// other bad setting does.
+///
 /// # Errors
-/// The URL is invalid.
+/// The URL is invalid, or the replica answers that it can never serve it.
 async fn connect_admin_reads(url: &str) -> Result<DatabaseConnection> {
     let mut opts = service::db::options(url, ADMIN_READ_POOL, service::db::SQLITE_BUSY_TIMEOUT);
     opts.acquire_timeout(ADMIN_READ_ACQUIRE).connect_lazy(true);
-    sea_orm::Database::connect(opts)
+    let db = sea_orm::Database::connect(opts)
         .await
-        .with_context(|| format!("opening {}", crate::config::redact(url)))
+        .with_context(|| format!("opening {}", crate::config::redact(url)))?;
+    match db.ping().await {
+        Ok(()) => {}
+        Err(err) if service::classify::is_outage(&err) => tracing::warn!(
+            error = %err,
+            "the admin read replica is unreachable; admin reads answer 503 until it is back"
+        ),
+        Err(err) => {
+            return Err(err).with_context(|| format!("opening {}", crate::config::redact(url)));
+        }
+    }
+    Ok(db)
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

@@ -1,6 +1,8 @@
 //! `admin_database_url`: the admin API reads from a replica of the Patroni
 //! cluster (`scripts/services start ha`) and writes to the primary, so its
 //! pages answer while the primary is down and its writes say why they fail.
+//! The process's own replica pool: a replica that is down does not stop
+//! start-up, a replica URL that can never work does.
 
 use std::process::Command;
 use std::time::Duration;
@@ -11,7 +13,8 @@ use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, Statement};
 use entity::{dead_letter, outbox_message};
 
 use crate::harness::{TOKEN, TestApi, dead, outbox_row};
-use crate::support::{TestDb, connect, server_url, wait_until};
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb, connect, free_port, http_client, server_url, wait_until};
 
 /// The cluster's leader with its PostgreSQL stopped and Patroni paused (so
 /// nothing fails over); resumed on drop, whatever the test did.
@@ -115,6 +118,7 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
     let (status, stats) = api.get("/api/v1/stats").await;
     assert_eq!(status, 200, "{stats}");
     assert_eq!(stats["replica"]["in_recovery"], true, "{stats}");
+    assert_eq!(stats["replica"]["streaming"], true, "{stats}");
     assert!(stats["replica"]["behind_bytes"].is_i64(), "{stats}");
     let id = api.get("/api/v1/outbox").await.1["items"][0]["id"]
         .as_i64()
@@ -143,6 +147,17 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
         stats["replica"]["behind_bytes"].is_null(),
         "the primary's position is unknown while it is down: {stats}"
     );
+    // The stopped primary closed its WAL senders; the replica's receiver
+    // retries without streaming, and the card must say nothing new arrives.
+    wait_until(
+        "the replica reports it is not streaming",
+        Duration::from_secs(90),
+        || {
+            let api = &api;
+            async move { api.get("/api/v1/stats").await.1["replica"]["streaming"] == false }
+        },
+    )
+    .await;
 
     let (status, err) = api.post(&format!("/api/v1/outbox/{id}/retry"), None).await;
     assert_eq!(status, 503, "{err}");
@@ -177,4 +192,79 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
         status, 200,
         "the write works again after the failover: {row}"
     );
+}
+
+/// `seawall api` with `admin_database_url` set: the process itself, so the
+/// replica pool is the one start-up opens.
+fn api_with_replica(t: &TestDb, replica_url: String, port: u16) -> Seawall {
+    Seawall::spawn(
+        &["api"],
+        &[
+            ("SEAWALL_DATABASE_URL", t.url.clone()),
+            ("SEAWALL_ADMIN_DATABASE_URL", replica_url),
+            ("SEAWALL_API_ADDR", format!("127.0.0.1:{port}")),
+            ("SEAWALL_ADMIN_TOKEN", TOKEN.into()),
+            ("SEAWALL_NATS_URL", server_url("SEAWALL_TEST_NATS_URL")),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn with_the_replica_down_the_api_starts_is_ready_and_its_reads_answer_503() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let port = free_port();
+    // A port nobody listens on: the replica's machine is down.
+    let api = api_with_replica(
+        &t,
+        format!("postgres://postgres@127.0.0.1:{}/x", free_port()),
+        port,
+    );
+    let http = http_client();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until("the API is ready", Duration::from_secs(60), || {
+        let req = http.get(format!("{base}/readyz"));
+        async move { req.send().await.is_ok_and(|r| r.status() == 200) }
+    })
+    .await;
+    let res = http
+        .get(format!("{base}/api/v1/outbox"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("a JSON answer, not a timed-out request");
+    assert_eq!(res.status(), 503);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
+    // Writes go to the primary, which is up.
+    let res = http
+        .post(format!("{base}/api/v1/prune"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(
+        api.log_text()
+            .contains("the admin read replica is unreachable"),
+        "{}",
+        api.log_text()
+    );
+    api.assert_no_panic();
+}
+
+#[tokio::test]
+async fn a_replica_url_that_can_never_work_stops_startup_naming_the_key() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let (server, _) = t.url.rsplit_once('/').expect("a database URL");
+    let mut api = api_with_replica(&t, format!("{server}/no_such_database"), free_port());
+    let status = tokio::time::timeout(Duration::from_secs(60), api.wait())
+        .await
+        .expect("start-up refuses the replica instead of serving");
+    assert!(!status.success());
+    let log = api.log_text();
+    assert!(
+        log.contains("admin_database_url") && log.contains("no_such_database"),
+        "{log}"
+    );
+    api.assert_no_panic();
 }
