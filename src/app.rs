@@ -340,7 +340,7 @@ pub fn exit_code(result: Result<()>) -> std::process::ExitCode {
 pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<()> {
     let pool = settings.pool_size(&roles, domain.registry.registrations().len())?;
     let metrics = api::metrics::install().context("installing the metrics recorder")?;
-    let db = connect_db(&settings.database_url, pool).await?;
+    let db = connect_db_waiting(&settings.database_url, pool).await?;
     let app = Application::build(settings, roles, domain, db, Some(metrics)).await?;
     let api = if roles.api {
         format!("http://{}/", settings.api_addr)
@@ -364,12 +364,56 @@ pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<
 /// # Errors
 /// The database is unreachable or the URL invalid.
 pub async fn connect_db(url: &str, max: u32) -> Result<DatabaseConnection> {
-    service::db::connect(url, max).await.with_context(|| {
-        format!(
-            "connecting to the database at {}",
-            crate::config::redact(url)
-        )
-    })
+    service::db::connect(url, max)
+        .await
+        .with_context(|| connecting_to(url))
+}
+
+/// What a failed connection to `url` is reported as (password hidden).
+fn connecting_to(url: &str) -> String {
+    format!(
+        "connecting to the database at {}",
+        crate::config::redact(url)
+    )
+}
+
+/// How long a starting process waits for a database that is down or
+/// changing hands: longer than a failover (about 15 s with the reference
+/// cluster's settings), short enough that a wrong address is reported.
+const START_UP_DATABASE_WAIT: Duration = Duration::from_secs(60);
+
+/// [`connect_db`] for a long-running process, waiting out an outage.
+///
+/// A process restarted during a failover meets a proxy with no server
+/// behind it, which accepts connections and closes them. Exiting then
+/// would turn a 15 s failover into a supervisor's restart loop with
+/// growing pauses, so an outage (as [`service::classify::is_outage`] tells
+/// it) is retried with backoff for up to [`START_UP_DATABASE_WAIT`]; any
+/// other error (a bad password, an unknown database) stops start-up at once.
+///
+/// # Errors
+/// The database answers with an error, or is still down after the wait.
+pub async fn connect_db_waiting(url: &str, max: u32) -> Result<DatabaseConnection> {
+    let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
+    let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let mut failures = 0;
+    loop {
+        match service::db::connect(url, max).await {
+            Ok(db) => return Ok(db),
+            Err(err)
+                if service::classify::is_outage(&err) && tokio::time::Instant::now() < deadline =>
+            {
+                failures += 1;
+                tracing::warn!(
+                    error = %err,
+                    attempt = failures,
+                    "the database is unreachable; waiting for it before starting"
+                );
+                tokio::time::sleep(backoff.delay(failures)).await;
+            }
+            Err(err) => return Err(err).with_context(|| connecting_to(url)),
+        }
+    }
 }
 
 /// Opens the admin API's read replica pool. Lazily: a replica that is down

@@ -226,6 +226,38 @@ async fn a_database_outage_spends_no_deliveries_and_dead_letters_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_started_while_the_database_is_down_waits_for_it() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    // As HAProxy while no leader is elected: connections are accepted and
+    // closed at once.
+    proxy.cut();
+    let consume = Seawall::spawn(
+        &["consume"],
+        &env(&proxy.url_for(&t.url, upstream), &nats.url(), &[]),
+    );
+    wait_until(
+        "the process waiting for the database",
+        Duration::from_secs(30),
+        || async {
+            consume
+                .log_text()
+                .contains("the database is unreachable; waiting for it before starting")
+        },
+    )
+    .await;
+    proxy.restore();
+    publish_entries(&js, &credits(10, "late")).await;
+    wait_until("all 10 credited", Duration::from_secs(60), || async {
+        count::<Entry>(&t.db).await == 10
+    })
+    .await;
+    assert_eq!(count::<DeadLetter>(&t.db).await, 0);
+    consume.assert_no_panic();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_longer_than_the_ack_wait_is_delivered_once() {
     let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
     let settings = env(

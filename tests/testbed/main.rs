@@ -43,9 +43,7 @@ async fn run() -> Result<()> {
     };
     let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
     let settings = seawall::config::load(config.as_deref())?.settings;
-    let db = service::db::connect(&settings.database_url, 2)
-        .await
-        .context("connecting to the database")?;
+    let db = seawall::app::connect_db_waiting(&settings.database_url, 2).await?;
     domain::create_tables(&db)
         .await
         .context("creating the ledger's tables")?;
