@@ -378,8 +378,9 @@ fn connecting_to(url: &str) -> String {
 }
 
 /// How long a starting process waits for a database that is down or
-/// changing hands: longer than a failover (about 15 s with the reference
-/// cluster's settings), short enough that a wrong address is reported.
+/// changing hands: well past a failover (about 15 s with the reference
+/// cluster's settings), short enough that a wrong address is reported
+/// within a minute.
 const START_UP_DATABASE_WAIT: Duration = Duration::from_secs(60);
 
 /// [`connect_db`] for a long-running process, waiting out an outage.
@@ -388,31 +389,46 @@ const START_UP_DATABASE_WAIT: Duration = Duration::from_secs(60);
 /// behind it, which accepts connections and closes them. Exiting then
 /// would turn a 15 s failover into a supervisor's restart loop with
 /// growing pauses, so an outage (as [`service::classify::is_outage`] tells
-/// it) is retried with backoff for up to [`START_UP_DATABASE_WAIT`]; any
-/// other error (a bad password, an unknown database) stops start-up at once.
+/// it: a refused, closed or unanswered connection, and also what cannot be
+/// told from one, such as a host name that does not resolve yet or a TLS
+/// handshake that fails) is retried with backoff, each attempt's error
+/// logged, until [`START_UP_DATABASE_WAIT`] has passed; the attempts and
+/// pauses are cut to that deadline. Any other error (a bad password, an
+/// unknown database) stops start-up at once.
 ///
 /// # Errors
-/// The database answers with an error, or is still down after the wait.
+/// The database answers with an error, or is still unreachable after the wait.
 pub async fn connect_db_waiting(url: &str, max: u32) -> Result<DatabaseConnection> {
     let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
+    let gave_up = || {
+        format!(
+            "{}: still unreachable after {} s",
+            connecting_to(url),
+            START_UP_DATABASE_WAIT.as_secs()
+        )
+    };
     let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let mut failures = 0;
     loop {
-        match service::db::connect(url, max).await {
-            Ok(db) => return Ok(db),
-            Err(err)
-                if service::classify::is_outage(&err) && tokio::time::Instant::now() < deadline =>
-            {
-                failures += 1;
-                tracing::warn!(
-                    error = %err,
-                    attempt = failures,
-                    "the database is unreachable; waiting for it before starting"
-                );
-                tokio::time::sleep(backoff.delay(failures)).await;
-            }
-            Err(err) => return Err(err).with_context(|| connecting_to(url)),
+        let err = match tokio::time::timeout_at(deadline, service::db::connect(url, max)).await {
+            Ok(Ok(db)) => return Ok(db),
+            Ok(Err(err)) if service::classify::is_outage(&err) => err,
+            Ok(Err(err)) => return Err(err).with_context(|| connecting_to(url)),
+            Err(_) => return Err(anyhow::anyhow!(gave_up())),
+        };
+        failures += 1;
+        let pause = backoff
+            .delay(failures)
+            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        if pause.is_zero() {
+            return Err(err).with_context(gave_up);
         }
+        tracing::warn!(
+            error = %err,
+            attempt = failures,
+            "the database is unreachable; waiting for it before starting"
+        );
+        tokio::time::sleep(pause).await;
     }
 }
 

@@ -37,7 +37,8 @@ pub fn options(url: &str, max_connections: u32, busy_timeout: Duration) -> Conne
     let mut opts = ConnectOptions::new(url.to_owned());
     opts.max_connections(max_connections)
         .min_connections(1)
-        .connect_timeout(Duration::from_secs(10))
+        // SeaORM hands sqlx one deadline for opening and for borrowing a
+        // connection (a connect timeout would be overwritten by this).
         .acquire_timeout(Duration::from_secs(30))
         .sqlx_logging(false)
         .map_sqlx_sqlite_opts(move |o| {

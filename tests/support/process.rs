@@ -17,13 +17,23 @@ impl Seawall {
     /// same `Application` as `seawall`, on the ledger of `support::domain`);
     /// the other commands run `seawall` itself.
     pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("seawall.log");
-        let file = std::fs::File::create(&log).unwrap();
         let program = match args.first() {
             Some(&("run" | "relay" | "consume" | "api")) => env!("CARGO_BIN_EXE_seawall-testbed"),
             _ => env!("CARGO_BIN_EXE_seawall"),
         };
+        Self::spawn_program(program, args, env)
+    }
+
+    /// Starts `seawall <args>` itself whatever the command: its own start-up
+    /// path and demo domain, where the testbed's would hide it.
+    pub fn spawn_seawall(args: &[&str], env: &[(&str, String)]) -> Self {
+        Self::spawn_program(env!("CARGO_BIN_EXE_seawall"), args, env)
+    }
+
+    fn spawn_program(program: &str, args: &[&str], env: &[(&str, String)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("seawall.log");
+        let file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env("SEAWALL_LOG", "info")
