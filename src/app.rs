@@ -450,18 +450,18 @@ async fn connect_admin_reads(url: &str) -> Result<DatabaseConnection> {
     opts.acquire_timeout(ADMIN_READ_ACQUIRE).connect_lazy(true);
     let db = sea_orm::Database::connect(opts)
         .await
-        .with_context(|| format!("opening {}", crate::config::redact(url)))?;
+        .with_context(|| connecting_to(url))?;
     match db.ping().await {
-        Ok(()) => {}
-        Err(err) if service::classify::is_outage(&err) => tracing::warn!(
-            error = %err,
-            "the admin read replica is unreachable; admin reads answer 503 until it is back"
-        ),
-        Err(err) => {
-            return Err(err).with_context(|| format!("opening {}", crate::config::redact(url)));
+        Ok(()) => Ok(db),
+        Err(err) if service::classify::is_outage(&err) => {
+            tracing::warn!(
+                error = %err,
+                "the admin read replica is unreachable; admin reads answer 503 until it is back"
+            );
+            Ok(db)
         }
+        Err(err) => Err(err).with_context(|| connecting_to(url)),
     }
-    Ok(db)
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

@@ -55,10 +55,12 @@ class Failover:
         return None if in_recovery == "t" else int(port)
 
     def wait_for(self, what, condition, timeout=120):
+        """Polls `condition` until it returns something other than None or
+        False (a count of 0 is an answer), and returns that."""
         deadline = now() + timeout
         while True:
             value = condition()
-            if value:
+            if value is not None and value is not False:
                 return value
             if now() > deadline:
                 raise RuntimeError(f"{what} did not happen within {timeout} s")
@@ -107,8 +109,7 @@ class Failover:
         self.log("recovered", f"{fault}: HAProxy routes writes to port {new_port} after {routed} s")
         # Counted once the new leader answers, so a failed query is not
         # taken for zero (the first credit would then look like a resumption).
-        before = self.wait_for("the credit count on the new leader",
-                               lambda: (c := self.credits()) is not None and (c,))[0]
+        before = self.wait_for("the credit count on the new leader", self.credits)
         self.wait_ready(fault, started)
         if not self.load_done():
             # A fault late in the load can find every valid message credited
