@@ -69,8 +69,8 @@ impl Roles {
 }
 
 /// A service's messaging: the stream its subjects live in and which handler
-/// consumes which subject. The platform runs any domain; the binary names
-/// its own in `src/main.rs` (`docs/fork.md`).
+/// consumes which subject. The platform runs any domain; the binary's is
+/// built in `src/domain/` (`docs/fork.md`).
 pub struct Domain {
     /// The stream the consumers read and the relay publishes into.
     pub stream: StreamSpec,
@@ -133,7 +133,6 @@ impl Application {
             worker::check_duplicate_window(&js, &domain.stream.name, relay.lease, relay.retry_max)
                 .await?;
         }
-        service::Outbox::set_mode(settings.outbox_mode);
         let wal = settings.outbox_mode == service::OutboxMode::Wal;
         // Events written before the slot exists would never reach it, so
         // every process that may write events makes sure it does first.
@@ -161,7 +160,8 @@ impl Application {
             Relay::new(db.clone(), js.clone(), config, wake.clone())
         });
         let consumers = if roles.consume {
-            let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()));
+            let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()))
+                .with_outbox(service::Outbox::new(settings.outbox_mode));
             consumers(settings, &domain, inbox, &js).await?
         } else {
             Vec::new()

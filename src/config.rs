@@ -42,8 +42,6 @@ pub struct Settings {
     pub max_deliver: i64,
     pub max_handling_ms: u64,
     pub duplicate_window_ms: u64,
-    pub demo_work_ms: u64,
-    pub notify_webhook_url: Option<String>,
     pub webhook_ca_file: Option<std::path::PathBuf>,
     pub relay_lease_ms: u64,
     pub relay_batch_size: u64,
@@ -70,55 +68,61 @@ pub struct Settings {
     pub wal_slot: Option<String>,
     /// Crash tests only: a fault point to abort at (see `worker::FaultPoint`).
     pub fault: Option<String>,
+    /// The `[domain]` table of the file as written; the domain's typed
+    /// settings are read from it (see [`DomainSettings`]). Never serialized,
+    /// so it is not a platform key.
+    #[serde(default, skip_serializing)]
+    pub domain: figment::value::Dict,
 }
 
-/// The keys read from the environment (others with the prefix are ignored, so
-/// unrelated `SEAWALL_TEST_*` variables do not break start-up).
-const KEYS: &[&str] = &[
-    "database_url",
-    "db_max_connections",
-    "nats_url",
-    "nats_creds_file",
-    "nats_nkey_seed",
-    "nats_user",
-    "nats_password",
-    "nats_token",
-    "nats_ca_file",
-    "nats_cert_file",
-    "nats_key_file",
-    "nats_tls_first",
-    "api_addr",
-    "admin_token",
-    "admin_database_url",
-    "ack_wait_ms",
-    "max_deliver",
-    "max_handling_ms",
-    "duplicate_window_ms",
-    "demo_work_ms",
-    "notify_webhook_url",
-    "webhook_ca_file",
-    "relay_lease_ms",
-    "relay_batch_size",
-    "relay_concurrency",
-    "relay_poll_ms",
-    "relay_max_attempts",
-    "relay_retry_max_ms",
-    "consumer_concurrency",
-    "stream_replicas",
-    "stream_max_age_ms",
-    "inbox_retention_ms",
-    "retention_margin_ms",
-    "outbox_retention_ms",
-    "allow_short_retention",
-    "prune_interval_ms",
-    "prune_batch_size",
-    "sweep_interval_ms",
-    "claim_lease_ms",
-    "claim_max_attempts",
-    "outbox_mode",
-    "wal_slot",
-    "fault",
+/// `SEAWALL_*` variables that are not settings, so start-up does not refuse
+/// them: read before the settings (`SEAWALL_CONFIG`, the logging ones), or
+/// by the project's scripts and tests, which export them to every process
+/// they start.
+const NOT_SETTINGS: &[&str] = &[
+    "CONFIG",
+    "LOG",
+    "LOG_FORMAT",
+    "BIN",
+    "KEEP_SERVICES",
+    "SERVICES_DIR",
+    "SERVICES_LOCK",
+    "RUN_SERVICES_DIR",
+    "FUZZ_SECONDS",
+    "PG_PORT",
+    "MYSQL_PORT",
+    "NATS_PORT",
+    "NATS_MON_PORT",
+    "ETCD_PORT",
 ];
+
+/// Prefixes of the scripts' and tests' own variable families (see
+/// [`NOT_SETTINGS`]).
+const NOT_SETTINGS_PREFIXES: &[&str] = &["TEST_", "BENCH_", "HA_"];
+
+/// A domain's own settings (`service::domain::Settings` in this template):
+/// read from the file's `[domain]` table and from `SEAWALL_<KEY>` variables,
+/// checked at start-up like the platform's. Every key must serialize (an
+/// unset `Option` as null), since the serialized default is what names the
+/// keys the environment may set.
+pub trait DomainSettings:
+    Serialize + serde::de::DeserializeOwned + Default + Clone + std::fmt::Debug + Send + Sync + 'static
+{
+    /// Checks what deserializing cannot.
+    ///
+    /// # Errors
+    /// The key and the problem.
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        Ok(())
+    }
+}
+
+/// The settings of a domain that has none.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoSettings {}
+
+impl DomainSettings for NoSettings {}
 
 impl Default for Settings {
     fn default() -> Self {
@@ -142,8 +146,6 @@ impl Default for Settings {
             max_deliver: 5,
             max_handling_ms: 300_000,
             duplicate_window_ms: 120_000,
-            demo_work_ms: 0,
-            notify_webhook_url: None,
             webhook_ca_file: None,
             relay_lease_ms: 30_000,
             relay_batch_size: 500,
@@ -166,6 +168,7 @@ impl Default for Settings {
             outbox_mode: service::OutboxMode::Table,
             wal_slot: None,
             fault: None,
+            domain: figment::value::Dict::new(),
         }
     }
 }
@@ -177,8 +180,10 @@ const DEFAULT_TOOL_POOL: u32 = 16;
 
 /// Loaded settings plus what the loader learnt about where they came from.
 #[derive(Debug, Clone)]
-pub struct Loaded {
+pub struct Loaded<D = NoSettings> {
     pub settings: Settings,
+    /// The domain's own settings.
+    pub domain: D,
     /// Whether `database_url` was set explicitly (file or environment), as
     /// opposed to the default. `seawall demo` uses a throwaway file otherwise.
     pub database_url_explicit: bool,
@@ -201,6 +206,12 @@ pub enum ConfigError {
         env: String,
         problem: String,
     },
+    #[error(
+        "environment variable {0} is not a setting (a misspelt key?); the settings are listed in the README's configuration reference"
+    )]
+    UnknownVariable(String),
+    #[error("the domain's setting `{0}` has the name of a platform setting; rename it")]
+    DomainKeyClash(String),
 }
 
 /// A configuration error about `key`.
@@ -227,8 +238,55 @@ fn parse_error(err: figment::Error) -> ConfigError {
     }
 }
 
-/// Loads and validates the settings.
-pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigError> {
+/// The keys of a settings type: the names its serialized default has.
+fn keys_of<T: Serialize>(value: &T) -> Vec<String> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Refuses a `SEAWALL_*` variable that is neither a setting (the platform's
+/// or the domain's) nor one of [`NOT_SETTINGS`]: a misspelt key would
+/// otherwise be ignored, and its default used in silence.
+fn check_environment(
+    vars: impl IntoIterator<Item = String>,
+    platform: &[String],
+    domain: &[String],
+) -> Result<(), ConfigError> {
+    for var in vars {
+        let Some(rest) = var.strip_prefix("SEAWALL_") else {
+            continue;
+        };
+        let key = rest.to_lowercase();
+        let known = platform.contains(&key)
+            || domain.contains(&key)
+            || NOT_SETTINGS.contains(&rest)
+            || NOT_SETTINGS_PREFIXES.iter().any(|p| rest.starts_with(p));
+        if !known {
+            return Err(ConfigError::UnknownVariable(var));
+        }
+    }
+    Ok(())
+}
+
+/// Loads and validates the platform's settings and the domain's (`D`):
+/// defaults, then the file, then `SEAWALL_*` variables.
+///
+/// # Errors
+/// A missing file, a value that does not parse or is out of range, an
+/// unknown `SEAWALL_*` variable: each naming the key or variable.
+pub fn load<D: DomainSettings>(file: Option<&Path>) -> Result<Loaded<D>, ConfigError> {
+    let platform_keys = keys_of(&Settings::default());
+    let domain_keys = keys_of(&D::default());
+    if let Some(clash) = domain_keys.iter().find(|k| platform_keys.contains(k)) {
+        return Err(ConfigError::DomainKeyClash(clash.clone()));
+    }
+    check_environment(
+        std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+        &platform_keys,
+        &domain_keys,
+    )?;
     let mut user = Figment::new();
     if let Some(path) = file {
         if !path.exists() {
@@ -236,15 +294,33 @@ pub fn load(file: Option<&Path>) -> Result<Loaded, ConfigError> {
         }
         user = user.merge(Toml::file_exact(path));
     }
-    user = user.merge(Env::prefixed("SEAWALL_").only(KEYS));
+    let env = Env::prefixed("SEAWALL_").filter_map(move |key| {
+        let key = key.as_str().to_lowercase();
+        if platform_keys.contains(&key) {
+            Some(key.into())
+        } else if domain_keys.contains(&key) {
+            Some(format!("domain.{key}").into())
+        } else {
+            None
+        }
+    });
+    user = user.merge(env);
     let database_url_explicit = user.find_value("database_url").is_ok();
     let settings: Settings = Figment::from(Serialized::defaults(Settings::default()))
-        .merge(user)
+        .merge(user.clone())
         .extract()
         .map_err(parse_error)?;
     settings.validate()?;
+    let domain: D = Figment::from(Serialized::defaults(D::default()))
+        .merge(user.focus("domain"))
+        .extract()
+        .map_err(parse_error)?;
+    domain
+        .validate()
+        .map_err(|(key, problem)| invalid(key, problem))?;
     Ok(Loaded {
         settings,
+        domain,
         database_url_explicit,
     })
 }
@@ -477,14 +553,6 @@ impl Settings {
         }
         if matches!(&self.admin_token, Some(t) if t.trim().is_empty()) {
             return Err(invalid("admin_token", "must not be empty when set"));
-        }
-        if let Some(url) = &self.notify_webhook_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            return Err(invalid(
-                "notify_webhook_url",
-                "must be an http:// or https:// URL",
-            ));
         }
         self.check_outbox_mode(scheme)?;
         if let Some(name) = &self.fault

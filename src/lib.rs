@@ -11,7 +11,8 @@
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP.
 //! - [`nats`]: connecting to NATS from a URL setting.
 //! - [`webhook`]: an effect that POSTs events to a URL, for two-phase claims.
-//! - [`demo`]: the example domain and its commands (`docs/fork.md` replaces it).
+//! - [`domain`]: the domain's wiring, settings and commands (here the
+//!   example; a fork replaces the folder, see `docs/fork.md`).
 //!
 //! The platform itself lives in the library crates: `service` (inbox,
 //! outbox, claims, states), `worker` (relay, consumers) and `api`; see
@@ -20,7 +21,7 @@
 
 pub mod app;
 pub mod config;
-pub mod demo;
+pub mod domain;
 pub mod nats;
 pub mod telemetry;
 pub mod webhook;

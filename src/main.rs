@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use seawall::app::{connect_db, serve};
-use seawall::demo;
+use seawall::domain;
 use seawall::{Roles, config};
 
 /// Exactly-once effects over at-least-once messaging.
@@ -51,15 +51,9 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// The example domain's commands (`demo`, `load`, `publish`).
+    /// The domain's own commands (`src/domain/`).
     #[command(flatten)]
-    Demo(demo::Commands),
-}
-
-/// This service's domain: what its consumers handle. A fork returns its own
-/// here (docs/fork.md).
-fn domain(settings: &config::Settings) -> Result<seawall::Domain> {
-    demo::domain(settings)
+    Domain(domain::Commands),
 }
 
 #[tokio::main]
@@ -70,7 +64,7 @@ async fn main() -> ExitCode {
 async fn run() -> Result<()> {
     let _telemetry = seawall::app::init()?;
     let cli = Cli::parse();
-    let loaded = config::load(cli.config.as_deref())?;
+    let loaded = config::load::<domain::Settings>(cli.config.as_deref())?;
     let settings = &loaded.settings;
     match cli.command {
         Command::Migrate => {
@@ -81,7 +75,7 @@ async fn run() -> Result<()> {
                 config::redact(&settings.database_url)
             );
         }
-        Command::Run => serve(settings, Roles::ALL, domain(settings)?).await?,
+        Command::Run => serve(settings, Roles::ALL, domain::domain(&loaded)?).await?,
         Command::Relay { drop_slot: true } => {
             let db = connect_db(&settings.database_url, 1).await?;
             let slot = settings.wal_slot();
@@ -92,11 +86,11 @@ async fn run() -> Result<()> {
             );
         }
         Command::Relay { drop_slot: false } => {
-            serve(settings, Roles::RELAY, domain(settings)?).await?;
+            serve(settings, Roles::RELAY, domain::domain(&loaded)?).await?;
         }
-        Command::Consume => serve(settings, Roles::CONSUME, domain(settings)?).await?,
-        Command::Api => serve(settings, Roles::API, domain(settings)?).await?,
-        Command::Demo(command) => demo::run(command, &loaded).await?,
+        Command::Consume => serve(settings, Roles::CONSUME, domain::domain(&loaded)?).await?,
+        Command::Api => serve(settings, Roles::API, domain::domain(&loaded)?).await?,
+        Command::Domain(command) => domain::run(command, &loaded).await?,
         Command::Prune { dry_run } => {
             let retention = settings.retention()?;
             let db = connect_db(&settings.database_url, 2).await?;

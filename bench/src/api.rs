@@ -72,7 +72,7 @@ async fn fill(db: &DatabaseConnection, recent: u64, history: u64) -> Result<()> 
          SELECT date_trunc('minute', processed_at), 'processed', id % 16, count(*) FROM inbox_message
           WHERE processed_at >= now() - interval '1 day' GROUP BY 1, 3";
     let dead = "INSERT INTO dead_letter (consumer, message_id, subject, payload, headers, error, deliveries, created_at)
-         SELECT 'credit', 'd-' || g, 'credits.requested', convert_to('{}', 'UTF8'), '{}'::json, 'malformed', 1, now() FROM generate_series(1, 500) AS g";
+         SELECT 'ledger', 'd-' || g, 'ledger.record', convert_to('{}', 'UTF8'), '{}'::json, 'malformed', 1, now() FROM generate_series(1, 500) AS g";
     for sql in [
         rollup,
         dead,
@@ -109,7 +109,7 @@ fn inbox_rows(s: &Stretch) -> String {
     let (first, last) = (s.first, s.first + s.count - 1);
     format!(
         "INSERT INTO inbox_message (message_id, consumer, received_at, processed_at, claimed_by, claimed_at, lease_until, attempts, quarantined_at)
-         SELECT 'm-' || g, CASE WHEN g % 4 = 0 THEN 'notify' ELSE 'credit' END,
+         SELECT 'm-' || g, CASE WHEN g % 4 = 0 THEN 'hook' ELSE 'ledger' END,
                 {at},
                 CASE WHEN g % 500 IN (1, 2, 3) THEN NULL ELSE {at} END,
                 CASE WHEN g % 500 IN (1, 2, 3) THEN 'w' END,
@@ -137,7 +137,7 @@ fn endpoints(rows: u64) -> Vec<String> {
         "/api/v1/inbox".to_owned(),
         "/api/v1/inbox?state=expired_claim".to_owned(),
         "/api/v1/inbox?state=quarantined".to_owned(),
-        "/api/v1/inbox?consumer=notify".to_owned(),
+        "/api/v1/inbox?consumer=hook".to_owned(),
         "/api/v1/dead-letters".to_owned(),
     ]
 }

@@ -1,7 +1,8 @@
-//! End to end: `credits.requested` published to JetStream, through the
-//! consumer, the inbox, the outbox and the relay, to a subscriber of
-//! `credits.applied`. The scenario deletes and recreates the CREDITS stream,
-//! so point it only at a NATS server of its own (the scripts start one).
+//! End to end on the test kit's ledger: `ledger.record` published to
+//! JetStream, through the consumer, the inbox, the outbox and the relay, to
+//! a subscriber of `ledger.recorded`. The scenario deletes and recreates the
+//! LEDGER stream, so point it only at a NATS server of its own (the scripts
+//! start one).
 
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,11 @@ use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use seawall::{Application, Roles, Settings, demo};
-use service::demo::credits::{APPLIED_SUBJECT, CREDITS_STREAM, CreditRequest, REQUESTED_SUBJECT};
+use seawall::{Application, Domain, Roles, Settings};
+use service::{ConsumerName, Registry};
+use testkit::ledger::{
+    EntryRequest, LEDGER_CONSUMER, LEDGER_STREAM, LedgerHandler, RECORD_SUBJECT, RECORDED_SUBJECT,
+};
 
 use crate::cpu::CpuSample;
 use crate::pg::{self, PgServer};
@@ -27,14 +31,14 @@ use crate::report::{Column, Figures, Report};
 const WARM_UP: u64 = 2_000;
 
 /// Starts the same process `seawall run` starts, without the API, on `db`
-/// with a fresh CREDITS stream; returns what stops it and its task.
+/// with a fresh LEDGER stream; returns what stops it and its task.
 async fn start(
     db: DatabaseConnection,
     nats_url: &str,
     js: &jetstream::Context,
     wal_url: Option<&str>,
 ) -> Result<(CancellationToken, JoinHandle<Result<()>>)> {
-    let _ = js.delete_stream(CREDITS_STREAM).await;
+    let _ = js.delete_stream(LEDGER_STREAM).await;
     let mut settings = Settings {
         nats_url: nats_url.to_owned(),
         consumer_concurrency: 32,
@@ -49,19 +53,27 @@ async fn start(
         consume: true,
         api: false,
     };
-    let app = Application::build(&settings, roles, demo::domain(&settings)?, db, None).await?;
+    let domain = Domain {
+        stream: settings.stream(LEDGER_STREAM, &["ledger.>"]),
+        registry: Registry::new().register_handler(
+            ConsumerName::parse(LEDGER_CONSUMER)?,
+            RECORD_SUBJECT,
+            LedgerHandler::default(),
+        ),
+    };
+    let app = Application::build(&settings, roles, domain, db, None).await?;
     let stop = CancellationToken::new();
     let running = tokio::spawn(app.run_until(stop.clone()));
     Ok((stop, running))
 }
 
-/// Publishes `messages` credit requests with ids `{run}-{i}`, pipelined, and
+/// Publishes `messages` entry requests with ids `{run}-{i}`, pipelined, and
 /// waits for every PubAck.
 async fn publish(js: &jetstream::Context, messages: u64, run: &str) -> Result<()> {
     let mut acks = FuturesUnordered::new();
     for i in 0..messages {
         // Accounts spread over 500 ids so handlers do not all contend on one row.
-        let payload = serde_json::to_vec(&CreditRequest {
+        let payload = serde_json::to_vec(&EntryRequest {
             account_id: format!("bench-{}", i % 500),
             amount: 1,
             reference: None,
@@ -69,7 +81,7 @@ async fn publish(js: &jetstream::Context, messages: u64, run: &str) -> Result<()
         let msg = PublishMessage::build()
             .payload(payload.into())
             .message_id(format!("{run}-{i}"));
-        acks.push(js.send_publish(REQUESTED_SUBJECT, msg).await?.into_future());
+        acks.push(js.send_publish(RECORD_SUBJECT, msg).await?.into_future());
         // Keep a bounded window of PubAcks in flight: the context caps them,
         // and the relay shares this context.
         while acks.len() >= 1_000 {
@@ -84,7 +96,7 @@ async fn publish(js: &jetstream::Context, messages: u64, run: &str) -> Result<()
     Ok(())
 }
 
-/// Sends `messages` requests with ids `{run}-{i}` through a fresh CREDITS
+/// Sends `messages` requests with ids `{run}-{i}` through a fresh LEDGER
 /// stream; returns messages per second.
 async fn measure(
     db: DatabaseConnection,
@@ -96,7 +108,7 @@ async fn measure(
     wal_url: Option<&str>,
 ) -> Result<f64> {
     let (stop, running) = start(db, nats_url, js, wal_url).await?;
-    let mut applied = client.subscribe(APPLIED_SUBJECT).await?;
+    let mut applied = client.subscribe(RECORDED_SUBJECT).await?;
     client.flush().await?;
     let started = Instant::now();
     publish(js, messages, run).await?;
@@ -149,7 +161,7 @@ fn report(messages: u64) -> Report {
             ),
         ],
     );
-    report.setup("messages", format!("{messages} credits.requested published pipelined; timed until the subscriber saw every credits.applied"));
+    report.setup("messages", format!("{messages} ledger.record published pipelined; timed until the subscriber saw every ledger.recorded"));
     report.setup(
         "process",
         "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`",
@@ -178,6 +190,7 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
     )
     .await?;
     migration::Migrator::up(&sqlite, None).await?;
+    testkit::ledger::create_tables(&sqlite).await?;
     let (pg_db, _) = pg.fresh("e2e").await?;
     let (wal_db, wal_url) = pg.fresh("e2ewal").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
@@ -198,7 +211,6 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
         let before = CpuSample::now();
         let rate = measure(db.clone(), nats_url, &js, &client, messages, "e2e", wal).await?;
         if let Some(url) = wal {
-            service::Outbox::set_mode(service::OutboxMode::Table);
             drop_slot(&db, url).await?;
         }
         let cpu = CpuSample::now().since(&before).per_thousand(messages);

@@ -1,5 +1,5 @@
-//! Inbox cost per message: `Inbox::process` with the demo credit handler
-//! (marker + credit + balance + one outbox row) against the same business
+//! Inbox cost per message: `Inbox::process` with the test ledger's handler
+//! (marker + entry + balance + one outbox row) against the same business
 //! writes in a bare transaction, at 1 to 64 concurrent workers.
 
 use std::sync::Arc;
@@ -14,10 +14,11 @@ use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, Statement,
 };
 
-use entity::demo::credit;
-use service::demo::credits::{CreditHandler, CreditRequest, REQUESTED_SUBJECT, add_to_balance};
 use service::executor::unit;
-use service::{ConsumerName, Envelope, Executor, FastPath, HandlerError, Inbox, MessageId};
+use service::{
+    ConsumerName, Envelope, Executor, FastPath, HandlerError, Inbox, MessageId, Outbox, OutboxMode,
+};
+use testkit::ledger::{EntryRequest, LEDGER_CONSUMER, LedgerHandler, RECORD_SUBJECT, add, entry};
 
 use crate::cpu::{CpuSample, PerThousand};
 use crate::pg::{self, PgServer};
@@ -30,14 +31,14 @@ const WARM_UP: u64 = 1_000;
 /// The envelope of message `i`; `redelivered` as the consumer would mark a
 /// second delivery.
 fn envelope(run: &str, i: u64, redelivered: bool) -> Result<Envelope> {
-    let req = CreditRequest {
+    let req = EntryRequest {
         account_id: format!("{run}-acct-{}", i % ACCOUNTS),
         amount: 1,
         reference: None,
     };
     Ok(Envelope::new(
         MessageId::parse(format!("{run}-{i}"))?,
-        REQUESTED_SUBJECT,
+        RECORD_SUBJECT,
         serde_json::to_vec(&req)?,
     )
     .redelivered(redelivered))
@@ -45,7 +46,10 @@ fn envelope(run: &str, i: u64, redelivered: bool) -> Result<Envelope> {
 
 #[derive(Clone, Copy)]
 enum Mode {
-    Seawall { fast_path: FastPath },
+    Seawall {
+        fast_path: FastPath,
+        outbox: OutboxMode,
+    },
     Baseline,
 }
 
@@ -125,14 +129,14 @@ fn columns() -> Vec<Column> {
     ]
 }
 
-/// One message the baseline way: the credit insert and the balance update
+/// One message the baseline way: the entry insert and the balance update
 /// in a bare transaction, with no marker and no outbox row.
 async fn baseline(executor: &Executor, env: Envelope) -> Result<()> {
     let work = unit(move |txn| -> BoxFuture<'_, Result<(), HandlerError>> {
         let env = env.clone();
         Box::pin(async move {
-            let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            credit::Entity::insert(credit::ActiveModel {
+            let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
+            entry::Entity::insert(entry::ActiveModel {
                 id: NotSet,
                 message_id: Set(env.message_id.to_string()),
                 account_id: Set(req.account_id.clone()),
@@ -142,7 +146,7 @@ async fn baseline(executor: &Executor, env: Envelope) -> Result<()> {
             })
             .exec_without_returning(txn)
             .await?;
-            add_to_balance(txn, &req.account_id, req.amount).await?;
+            add(txn, &req.account_id, req.amount).await?;
             Ok(())
         })
     });
@@ -158,7 +162,8 @@ async fn work(
     next: Arc<AtomicU64>,
     run: String,
 ) -> Result<()> {
-    let consumer = ConsumerName::parse("credit")?;
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER)?;
+    let handler = LedgerHandler::default();
     loop {
         let n = next.fetch_add(1, Ordering::Relaxed) as usize;
         let Some(&(i, redelivered)) = ids.get(n) else {
@@ -167,9 +172,7 @@ async fn work(
         let env = envelope(&run, i, redelivered)?;
         match mode {
             Mode::Seawall { .. } => {
-                inbox
-                    .process(&env, &consumer, &CreditHandler::default())
-                    .await?;
+                inbox.process(&env, &consumer, &handler).await?;
             }
             Mode::Baseline => baseline(inbox.executor(), env).await?,
         }
@@ -185,11 +188,13 @@ async fn measure(
     workers: usize,
 ) -> Result<Measured> {
     let next = Arc::new(AtomicU64::new(0));
-    let fast_path = match mode {
-        Mode::Seawall { fast_path } => fast_path,
-        Mode::Baseline => FastPath::Never,
+    let (fast_path, outbox) = match mode {
+        Mode::Seawall { fast_path, outbox } => (fast_path, outbox),
+        Mode::Baseline => (FastPath::Never, OutboxMode::Table),
     };
-    let inbox = Inbox::new(Executor::new(db.clone())).with_fast_path(fast_path);
+    let inbox = Inbox::new(Executor::new(db.clone()))
+        .with_fast_path(fast_path)
+        .with_outbox(Outbox::new(outbox));
     let cpu_before = CpuSample::now();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -261,7 +266,17 @@ async fn variants(
         }
         let ids = Arc::new(fresh(messages));
         let prefix = format!("v{fast_path:?}{no_trigger}-{run_id}");
-        let m = measure(db, Mode::Seawall { fast_path }, ids, &prefix, 16).await;
+        let m = measure(
+            db,
+            Mode::Seawall {
+                fast_path,
+                outbox: OutboxMode::Table,
+            },
+            ids,
+            &prefix,
+            16,
+        )
+        .await;
         if no_trigger {
             notify_trigger(db, true).await?;
         }
@@ -288,13 +303,12 @@ async fn wal_outbox(
 ) -> Result<()> {
     let slot = format!("seawall_bench_{}", &run_id[run_id.len() - 12..]);
     worker::relay::wal::prepare(db, &slot).await?;
-    service::Outbox::set_mode(service::OutboxMode::Wal);
     let ids = Arc::new(fresh(messages));
     let seawall = Mode::Seawall {
         fast_path: FastPath::default(),
+        outbox: OutboxMode::Wal,
     };
     let m = measure(db, seawall, ids, &format!("wal-{run_id}"), 16).await;
-    service::Outbox::set_mode(service::OutboxMode::Table);
     worker::relay::wal::drop_slot(db, &slot).await?;
     let m = m?;
     eprintln!("  {label} 16 workers, WAL outbox: {:.0}/s", m.rate);
@@ -313,6 +327,7 @@ async fn warm_up(db: &DatabaseConnection, run_id: &str) -> Result<()> {
     let warm = Arc::new(fresh(WARM_UP));
     let seawall = Mode::Seawall {
         fast_path: FastPath::default(),
+        outbox: OutboxMode::Table,
     };
     measure(db, seawall, warm.clone(), &format!("ws-{run_id}"), 4).await?;
     measure(db, Mode::Baseline, warm, &format!("wb-{run_id}"), 4).await?;
@@ -333,6 +348,7 @@ async fn scaling(
     let postgres = is_postgres(db);
     let seawall = Mode::Seawall {
         fast_path: FastPath::default(),
+        outbox: OutboxMode::Table,
     };
     for workers in [1usize, 4, 16, 64] {
         let ids = Arc::new(fresh(messages));
@@ -373,7 +389,17 @@ async fn duplicates(
         let first = messages * 7 / 10;
         let mut ids = fresh(first);
         ids.extend((0..messages - first).map(|i| (i % first.max(1), true)));
-        let m = measure(db, Mode::Seawall { fast_path }, Arc::new(ids), &prefix, 16).await?;
+        let m = measure(
+            db,
+            Mode::Seawall {
+                fast_path,
+                outbox: OutboxMode::Table,
+            },
+            Arc::new(ids),
+            &prefix,
+            16,
+        )
+        .await?;
         eprintln!("  {label} 30% duplicates, {name}: {:.0}/s", m.rate);
         let figures = Figures::new().with("seawall_messages_per_s", m.rate);
         report.row(
@@ -402,11 +428,11 @@ fn report(messages: u64) -> Report {
     let mut report = Report::new("inbox", columns());
     report.setup(
         "messages",
-        format!("{messages} per measurement, {ACCOUNTS} accounts, one credit of 1 cent each"),
+        format!("{messages} per measurement, {ACCOUNTS} accounts, one entry of 1 each"),
     );
     report.setup(
         "baseline",
-        "the same credit insert and balance update in a bare transaction: no marker, no outbox row",
+        "the same entry insert and balance update in a bare transaction: no marker, no outbox row",
     );
     report.setup(
         "fast path",
@@ -436,6 +462,7 @@ pub async fn run(pg: &mut PgServer, messages: u64) -> Result<Report> {
     )
     .await?;
     migration::Migrator::up(&sqlite, None).await?;
+    testkit::ledger::create_tables(&sqlite).await?;
     let (pg_db, _) = pg.fresh("inbox").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
     report.version("SQLite", sqlite_version(&sqlite).await?);

@@ -47,11 +47,12 @@ impl Run {
                 // One multi-row insert, then the commit: the stamp is taken
                 // just before both, so a burst's delay is not its inserts'.
                 let t = micros_now().to_string();
-                Outbox::enqueue_all(
-                    txn,
-                    (0..n).map(|_| NewEvent::new(subject.clone(), t.clone())),
-                )
-                .await?;
+                Outbox::default()
+                    .enqueue_all(
+                        txn,
+                        (0..n).map(|_| NewEvent::new(subject.clone(), t.clone())),
+                    )
+                    .await?;
                 Ok(())
             })
         });

@@ -55,7 +55,7 @@ struct Cli {
     )]
     pg_url: String,
     /// NATS server with JetStream (the `relay`, `relay-memory`, `latency` and
-    /// `e2e` scenarios create streams on it; `e2e` recreates CREDITS).
+    /// `e2e` scenarios create streams on it; `e2e` recreates LEDGER).
     #[arg(
         long,
         global = true,
@@ -109,7 +109,7 @@ enum Scenario {
         #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
-    /// Messages/s from a JetStream publish to the `credits.applied` subscriber.
+    /// Messages/s from a JetStream publish to the `ledger.recorded` subscriber.
     E2e {
         /// Messages.
         #[arg(long, default_value_t = 20_000)]

@@ -60,6 +60,9 @@ impl PgServer {
         migration::Migrator::up(&db, None)
             .await
             .with_context(|| format!("migrating {name}"))?;
+        testkit::ledger::create_tables(&db)
+            .await
+            .with_context(|| format!("creating the ledger's tables in {name}"))?;
         Ok((db, url))
     }
 

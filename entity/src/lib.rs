@@ -9,10 +9,11 @@
 //! - [`outbox_message`]: events waiting for, or done with, publication.
 //! - [`dead_letter`]: messages a consumer gave up on, with the reason.
 //! - [`throughput_minute`]: per-minute counts the dashboard reads.
-//! - [`demo`]: the example domain's tables (`docs/fork.md` removes them).
+//! - [`domain`]: the domain's tables (a fork replaces this folder; see
+//!   `docs/fork.md`).
 
 pub mod dead_letter;
-pub mod demo;
+pub mod domain;
 pub mod inbox_message;
 pub mod outbox_message;
 pub mod prelude;

@@ -10,7 +10,8 @@
 //! - [`apply`]: what start-up calls: pending migrations, one process at a time.
 //! - [`Migrator`]: the ordered list of migrations; `Migrator::up` is idempotent.
 //! - `columns`: backend-aware column shapes shared by the migrations.
-//! - `demo`: the example domain's migration (see `docs/fork.md`).
+//! - [`domain`]: the domain's migrations, run after the platform's (a fork
+//!   replaces this folder; see `docs/fork.md`).
 
 pub use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{
@@ -18,7 +19,7 @@ use sea_orm_migration::sea_orm::{
 };
 
 mod columns;
-mod demo;
+pub mod domain;
 mod m20261130_000001_create_inbox_message;
 mod m20261130_000002_create_outbox_message;
 mod m20261130_000003_create_dead_letter;
@@ -70,19 +71,17 @@ pub async fn apply(db: &DatabaseConnection) -> Result<(), DbErr> {
 /// Key of the PostgreSQL advisory lock [`apply`] holds ("seawall" in hex-ish).
 const MIGRATION_LOCK: i64 = 0x5EA_3A11;
 
-/// Applies seawall's migrations in order. Already applied ones are skipped,
+/// Applies seawall's migrations, then the domain's, in order. Already applied ones are skipped,
 /// so running it at every start-up is safe.
 pub struct Migrator;
 
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![
+        let mut migrations: Vec<Box<dyn MigrationTrait>> = vec![
             Box::new(m20261130_000001_create_inbox_message::Migration),
             Box::new(m20261130_000002_create_outbox_message::Migration),
             Box::new(m20261130_000003_create_dead_letter::Migration),
-            // The example domain's tables; a fork removes this line with `demo`.
-            Box::new(demo::m20261130_000004_create_demo_domain::Migration),
             Box::new(m20261130_000005_create_outbox_notify_trigger::Migration),
             Box::new(m20261130_000006_add_inbox_claim_message::Migration),
             Box::new(m20261130_000007_create_admin_indexes::Migration),
@@ -91,6 +90,11 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000010_add_outbox_causation::Migration),
             Box::new(m20261201_000011_create_throughput_minute::Migration),
             Box::new(m20261201_000012_create_wal_relay_position::Migration),
-        ]
+        ];
+        // The domain's tables come after the platform's: sea-orm records
+        // each migration by name, so the order only matters on a fresh
+        // database, where no domain table needs a platform one.
+        migrations.extend(domain::migrations());
+        migrations
     }
 }

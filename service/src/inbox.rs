@@ -20,7 +20,8 @@ use crate::classify::{Failure, classify};
 use crate::envelope::{ConsumerName, Envelope};
 use crate::error::{HandlerError, InboxError, InboxErrorKind};
 use crate::executor::{Executor, Unit};
-use crate::outbox::Cause;
+use crate::handler::{Ctx, Handle};
+use crate::outbox::Outbox;
 use crate::rollup::{self, Tally};
 
 /// What happened to a message that did not fail. Both are terminal: ack it.
@@ -30,46 +31,6 @@ pub enum Outcome<T> {
     Processed(T),
     /// The message had already been applied for this consumer; nothing changed.
     Duplicate,
-}
-
-/// A message handler: business writes on the given transaction.
-///
-/// It must use only `txn` for its writes (bulk statements included,
-/// docs/architecture.md rule 6) and must not open transactions of its own. It may be called more
-/// than once for one message when a transient error forces a retry, each time
-/// with a fresh transaction.
-pub trait Handle<T>: Send + Sync {
-    /// Applies `envelope` on `txn`.
-    fn handle<'a>(
-        &'a self,
-        txn: &'a DatabaseTransaction,
-        envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<T, HandlerError>>;
-}
-
-impl<T, F> Handle<T> for F
-where
-    F: for<'a> Fn(&'a DatabaseTransaction, &'a Envelope) -> BoxFuture<'a, Result<T, HandlerError>>
-        + Send
-        + Sync,
-{
-    fn handle<'a>(
-        &'a self,
-        txn: &'a DatabaseTransaction,
-        envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<T, HandlerError>> {
-        self(txn, envelope)
-    }
-}
-
-/// Lets the compiler see a closure as a [`Handle`]r (see [`crate::executor::unit`]).
-pub fn handler<T, F>(f: F) -> F
-where
-    F: for<'a> Fn(&'a DatabaseTransaction, &'a Envelope) -> BoxFuture<'a, Result<T, HandlerError>>
-        + Send
-        + Sync,
-{
-    f
 }
 
 /// When [`Inbox::process`] looks for an existing marker before opening the
@@ -106,16 +67,24 @@ impl FastPath {
 pub struct Inbox {
     executor: Executor,
     fast_path: FastPath,
+    outbox: Outbox,
 }
 
 impl Inbox {
     /// An inbox running its units on `executor`, with the fast path on
-    /// redeliveries.
+    /// redeliveries, its handlers emitting events as table rows.
     pub fn new(executor: Executor) -> Self {
         Self {
             executor,
             fast_path: FastPath::default(),
+            outbox: Outbox::default(),
         }
+    }
+
+    /// Sets where handlers' events go (the process's `outbox_mode`).
+    pub fn with_outbox(mut self, outbox: Outbox) -> Self {
+        self.outbox = outbox;
+        self
     }
 
     /// Sets when the existence pre-check runs.
@@ -164,6 +133,7 @@ impl Inbox {
             envelope,
             consumer,
             handler,
+            outbox: self.outbox,
         };
         match self.executor.run(&unit).await {
             Ok(value) => Ok(Outcome::Processed(value)),
@@ -197,6 +167,7 @@ struct MarkedUnit<'h, H: ?Sized> {
     envelope: &'h Envelope,
     consumer: &'h ConsumerName,
     handler: &'h H,
+    outbox: Outbox,
 }
 
 impl<T, H> Unit<T> for MarkedUnit<'_, H>
@@ -215,13 +186,8 @@ where
             // The marker goes first: on PostgreSQL a concurrent instance then
             // blocks on the index right away instead of doing the work twice.
             record_marker(txn, self.envelope, self.consumer).await?;
-            let cause = Cause {
-                message_id: self.envelope.message_id.to_string(),
-                consumer: self.consumer.to_string(),
-                correlation_id: self.envelope.correlation_id().to_owned(),
-                trace: crate::trace::carried(&self.envelope.headers),
-            };
-            cause.scope(self.handler.handle(txn, self.envelope)).await
+            let ctx = Ctx::new(txn, self.envelope, self.consumer, self.outbox);
+            self.handler.handle(&ctx).await
         })
     }
 }

@@ -7,15 +7,16 @@
 //!
 //! # Layout
 //! - [`envelope`]: validated ids ([`MessageId`], [`ConsumerName`]) and [`Envelope`].
-//! - [`inbox`]: [`Inbox::process`], [`Outcome`], the [`Handle`] trait.
-//! - [`outbox`]: [`Outbox::enqueue`] and [`NewEvent`].
+//! - [`handler`]: what a handler sees ([`Ctx`], a decoded payload) and the [`Handle`] trait.
+//! - [`inbox`]: [`Inbox::process`] and its [`Outcome`].
+//! - [`outbox`]: [`NewEvent`], and [`Outbox`] for events written outside a handler.
 //! - [`wal`]: the outbox in PostgreSQL's write-ahead log: the event encoding and its emit.
 //! - [`claim`]: two-phase claims for effects outside the transaction.
 //! - [`sweep`]: releasing or quarantining abandoned claims.
 //! - [`retention`]: how long rows are kept, and pruning them.
 //! - [`executor`]: [`Executor`], which re-runs whole transactions on transient errors.
 //! - [`classify`]: what a database error means, per backend.
-//! - [`demo`]: the example domain, credits (`docs/fork.md` replaces it).
+//! - [`domain`]: the domain's handlers and settings (here the example, credits; a fork replaces the folder).
 //! - [`registry`]: which handler consumes which subject.
 //! - [`dead_letter`]: recording messages a consumer gave up on.
 //! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.
@@ -33,10 +34,11 @@ pub mod claim;
 pub mod classify;
 pub mod db;
 pub mod dead_letter;
-pub mod demo;
+pub mod domain;
 pub mod envelope;
 mod error;
 pub mod executor;
+pub mod handler;
 pub mod inbox;
 pub mod journey;
 pub mod outbox;
@@ -55,7 +57,8 @@ pub use backoff::Backoff;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError, InboxErrorKind};
 pub use executor::{Executor, RetryPolicy, Unit, panic_message};
-pub use inbox::{FastPath, Handle, Inbox, Outcome};
+pub use handler::{Ctx, FromPayload, Handle, Json, handler};
+pub use inbox::{FastPath, Inbox, Outcome};
 pub use outbox::{EventError, NewEvent, Outbox, OutboxError, OutboxMode};
 pub use registry::{Effect, HandlerKind, Registration, Registry};
 pub use state::{ClaimState, OutboxState};

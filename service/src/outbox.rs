@@ -6,7 +6,6 @@
 //! exactly when the business change does; the relay publishes it afterwards.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
@@ -16,7 +15,7 @@ use sea_orm::{
 
 use entity::outbox_message;
 
-use crate::envelope::HEADER_CORRELATION_ID;
+use crate::envelope::{ConsumerName, Envelope, HEADER_CORRELATION_ID};
 use crate::wal::{self, WalEvent};
 
 /// An event to publish once the surrounding transaction commits.
@@ -45,6 +44,20 @@ impl NewEvent {
             headers: BTreeMap::new(),
             ordering_key: None,
         }
+    }
+
+    /// An event whose payload is `value` as JSON, with a fresh message id.
+    ///
+    /// # Errors
+    /// [`EventError::Payload`] if `value` does not serialize (a map with
+    /// non-string keys, a failing `Serialize`); `?` in a handler makes it a
+    /// rejection.
+    pub fn json<T: serde::Serialize + ?Sized>(
+        subject: impl Into<String>,
+        value: &T,
+    ) -> Result<Self, EventError> {
+        let payload = serde_json::to_vec(value).map_err(|e| EventError::Payload(e.to_string()))?;
+        Ok(Self::new(subject, payload))
     }
 
     /// Uses a caller-chosen message id (for example one derived from the input).
@@ -118,6 +131,13 @@ pub fn check_event(
     Ok(())
 }
 
+/// Lets handlers use `?` on [`NewEvent::json`] and [`NewEvent::validate`].
+impl From<EventError> for crate::HandlerError {
+    fn from(err: EventError) -> Self {
+        OutboxError::Invalid(err).into()
+    }
+}
+
 /// Why an event cannot be published as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -140,6 +160,9 @@ pub enum EventError {
     /// column, or holds NUL.
     #[error("{0}")]
     Field(String),
+    /// The payload could not be serialized.
+    #[error("event payload does not serialize: {0}")]
+    Payload(String),
 }
 
 /// Checks an id for `Nats-Msg-Id` (the relay checks rows with it too, since
@@ -181,7 +204,7 @@ pub enum OutboxError {
     Database(#[from] DbErr),
 }
 
-/// Lets handlers use `?` on [`Outbox::enqueue`]. An invalid event is a
+/// Lets handlers use `?` on [`crate::Ctx::emit`]. An invalid event is a
 /// rejection: running the same handler again writes the same event.
 impl From<OutboxError> for crate::HandlerError {
     fn from(err: OutboxError) -> Self {
@@ -204,39 +227,39 @@ pub enum OutboxMode {
     Wal,
 }
 
-/// The process's outbox mode: set once at start-up from the configuration,
-/// read by every enqueue. A handler's code is the same in both modes.
-static WAL_MODE: AtomicBool = AtomicBool::new(false);
-
-/// Writes outbox events. It takes a `&DatabaseTransaction`, not a
-/// connection, so an event can only be recorded as part of a business
-/// transaction.
-pub struct Outbox;
+/// Writes outbox events, the `mode` way. It takes a `&DatabaseTransaction`,
+/// not a connection, so an event can only be recorded as part of a business
+/// transaction. Handlers emit through their [`crate::Ctx`], which carries
+/// the process's mode and the message that caused the event; this is for
+/// code that writes events outside a handler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outbox {
+    mode: OutboxMode,
+}
 
 impl Outbox {
-    /// Makes every later enqueue of this process record events the `mode`
-    /// way. Start-up calls it before any handler runs.
-    pub fn set_mode(mode: OutboxMode) {
-        WAL_MODE.store(mode == OutboxMode::Wal, Ordering::Relaxed);
+    /// An outbox recording events the `mode` way.
+    pub fn new(mode: OutboxMode) -> Self {
+        Self { mode }
     }
 
-    /// The process's outbox mode.
-    pub fn mode() -> OutboxMode {
-        if WAL_MODE.load(Ordering::Relaxed) {
-            OutboxMode::Wal
-        } else {
-            OutboxMode::Table
-        }
+    /// Where this outbox records events.
+    pub fn mode(&self) -> OutboxMode {
+        self.mode
     }
 
-    /// Records `event` in `txn`. It becomes visible to the relay when `txn`
-    /// commits, and never if it rolls back.
+    /// Records `event` in `txn`, caused by no message. It becomes visible to
+    /// the relay when `txn` commits, and never if it rolls back.
     ///
     /// # Errors
     /// [`OutboxError::Invalid`] for an event NATS cannot carry (nothing is
     /// written), or the database error.
-    pub async fn enqueue(txn: &DatabaseTransaction, event: NewEvent) -> Result<(), OutboxError> {
-        Self::enqueue_all(txn, [event]).await
+    pub async fn enqueue(
+        &self,
+        txn: &DatabaseTransaction,
+        event: NewEvent,
+    ) -> Result<(), OutboxError> {
+        self.enqueue_caused(txn, [event], None).await
     }
 
     /// Records many events in `txn`, in the order given, which is also their
@@ -248,18 +271,29 @@ impl Outbox {
     /// As [`Outbox::enqueue`]; on an error none of the events is recorded
     /// once `txn` rolls back.
     pub async fn enqueue_all(
+        &self,
         txn: &DatabaseTransaction,
         events: impl IntoIterator<Item = NewEvent>,
+    ) -> Result<(), OutboxError> {
+        self.enqueue_caused(txn, events, None).await
+    }
+
+    /// [`Outbox::enqueue_all`] for events `cause`'s handler writes.
+    pub(crate) async fn enqueue_caused(
+        &self,
+        txn: &DatabaseTransaction,
+        events: impl IntoIterator<Item = NewEvent>,
+        cause: Option<&Cause>,
     ) -> Result<(), OutboxError> {
         let now = Utc::now();
         let events = events
             .into_iter()
-            .map(|event| stamp(event, now))
+            .map(|event| stamp(event, cause, now))
             .collect::<Result<Vec<_>, _>>()?;
         if events.is_empty() {
             return Ok(());
         }
-        if Self::mode() == OutboxMode::Wal {
+        if self.mode == OutboxMode::Wal {
             let content = wal::encode(&events).map_err(|e| EventError::TooLong(e.to_string()))?;
             wal::emit(txn, content).await?;
             return Ok(());
@@ -293,18 +327,15 @@ pub struct Cause {
     pub trace: BTreeMap<String, String>,
 }
 
-tokio::task_local! {
-    static CAUSE: Cause;
-}
-
 impl Cause {
-    /// Runs `work` (a handler) with `self` as the cause of what it enqueues.
-    pub async fn scope<F: Future>(self, work: F) -> F::Output {
-        CAUSE.scope(self, work).await
-    }
-
-    fn current() -> Option<Self> {
-        CAUSE.try_with(Clone::clone).ok()
+    /// The cause of what `consumer`'s handler of `envelope` emits.
+    pub fn of(envelope: &Envelope, consumer: &ConsumerName) -> Self {
+        Self {
+            message_id: envelope.message_id.to_string(),
+            consumer: consumer.to_string(),
+            correlation_id: envelope.correlation_id().to_owned(),
+            trace: crate::trace::carried(&envelope.headers),
+        }
     }
 }
 
@@ -314,18 +345,19 @@ pub const ROWS_PER_INSERT: usize = 1_000;
 
 /// `event` checked and completed as it will be published: its correlation
 /// header, its trace context, and the message that caused it.
-fn stamp(mut event: NewEvent, now: DateTime<Utc>) -> Result<WalEvent, OutboxError> {
+fn stamp(
+    mut event: NewEvent,
+    cause: Option<&Cause>,
+    now: DateTime<Utc>,
+) -> Result<WalEvent, OutboxError> {
     event.validate()?;
-    let cause = Cause::current();
-    let correlation = cause
-        .as_ref()
-        .map_or_else(|| event.message_id.clone(), |c| c.correlation_id.clone());
+    let correlation = cause.map_or_else(|| event.message_id.clone(), |c| c.correlation_id.clone());
     event
         .headers
         .entry(HEADER_CORRELATION_ID.to_owned())
         .or_insert_with(|| correlation.clone());
     // The event belongs to the trace of the message whose handler wrote it.
-    let carried = cause.as_ref().map(|c| c.trace.clone()).unwrap_or_default();
+    let carried = cause.map(|c| c.trace.clone()).unwrap_or_default();
     crate::trace::inject_current(&mut event.headers, &carried);
     Ok(WalEvent {
         message_id: event.message_id,
@@ -333,8 +365,8 @@ fn stamp(mut event: NewEvent, now: DateTime<Utc>) -> Result<WalEvent, OutboxErro
         ordering_key: event.ordering_key,
         headers: event.headers,
         payload: event.payload.into(),
-        causation_id: cause.as_ref().map(|c| c.message_id.clone()),
-        causation_consumer: cause.map(|c| c.consumer),
+        causation_id: cause.map(|c| c.message_id.clone()),
+        causation_consumer: cause.map(|c| c.consumer.clone()),
         correlation_id: Some(correlation),
         created_at: now,
     })

@@ -1,20 +1,19 @@
 //! The list of consumers a worker runs: which handler reads which subject.
 //!
-//! A team adds a consumer by writing one [`Handle`] type and registering it;
+//! A team adds a consumer by writing one async function and registering it;
 //! the worker then creates the durable JetStream consumer, feeds it messages
 //! through the inbox and acks, naks or dead-letters by the outcome.
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 
-use futures::FutureExt;
 use futures::future::BoxFuture;
-use sea_orm::DatabaseTransaction;
 
 use crate::claim::ClaimPolicy;
 use crate::envelope::{ConsumerName, Envelope};
 use crate::error::HandlerError;
-use crate::inbox::Handle;
+use crate::handler::{
+    Discard, FromPayload, Handle, HandlerFn, StatefulHandlerFn, from_fn, from_fn_with,
+};
 
 /// A side effect that cannot join a database transaction (an HTTP call, an
 /// email). It runs behind a two-phase claim and receives the message id as its
@@ -71,9 +70,47 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers `handler` as `consumer` of `subject`. Several consumers may
-    /// read the same subject; each applies a message once for itself.
-    pub fn register<T, H>(
+    /// Registers the async function `handler` as `consumer` of `subject`:
+    /// `async fn(ctx: &Ctx<'_>, payload: P) -> Result<(), HandlerError>`,
+    /// where the platform decodes `P` from the payload ([`Json`] for JSON)
+    /// and dead-letters a payload that does not decode. Several consumers
+    /// may read the same subject; each applies a message once for itself.
+    ///
+    /// [`Json`]: crate::Json
+    pub fn register<P, F>(
+        self,
+        consumer: ConsumerName,
+        subject: impl Into<String>,
+        handler: F,
+    ) -> Self
+    where
+        P: FromPayload,
+        F: for<'a> HandlerFn<'a, P> + 'static,
+    {
+        self.register_handler(consumer, subject, from_fn(handler))
+    }
+
+    /// [`Registry::register`] for a function that also takes `state` built
+    /// at start-up (the domain's settings, a client):
+    /// `async fn(ctx: &Ctx<'_>, state: &S, payload: P)`.
+    pub fn register_with<S, P, F>(
+        self,
+        consumer: ConsumerName,
+        subject: impl Into<String>,
+        state: S,
+        handler: F,
+    ) -> Self
+    where
+        S: Send + Sync + 'static,
+        P: FromPayload,
+        F: for<'a> StatefulHandlerFn<'a, S, P> + 'static,
+    {
+        self.register_handler(consumer, subject, from_fn_with(state, handler))
+    }
+
+    /// Registers a [`Handle`] implementation (one that reads the raw
+    /// envelope, or returns a value its direct callers use).
+    pub fn register_handler<T, H>(
         mut self,
         consumer: ConsumerName,
         subject: impl Into<String>,
@@ -86,10 +123,7 @@ impl Registry {
         self.registrations.push(Registration {
             consumer,
             subject: subject.into(),
-            kind: HandlerKind::Transaction(Arc::new(Discard {
-                inner: handler,
-                _out: PhantomData,
-            })),
+            kind: HandlerKind::Transaction(Arc::new(Discard::new(handler))),
         });
         self
     }
@@ -117,28 +151,5 @@ impl Registry {
     /// The registrations, in registration order.
     pub fn registrations(&self) -> &[Registration] {
         &self.registrations
-    }
-}
-
-/// Adapts a handler with an output to the registry's `Handle<()>`.
-struct Discard<H, T> {
-    inner: H,
-    _out: PhantomData<fn() -> T>,
-}
-
-impl<H, T> Handle<()> for Discard<H, T>
-where
-    T: Send + 'static,
-    H: Handle<T>,
-{
-    fn handle<'a>(
-        &'a self,
-        txn: &'a DatabaseTransaction,
-        envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        self.inner
-            .handle(txn, envelope)
-            .map(|r| r.map(|_| ()))
-            .boxed()
     }
 }

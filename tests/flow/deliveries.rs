@@ -99,7 +99,7 @@ async fn a_durable_consumer_with_a_broker_delivery_limit_is_updated_at_start_up(
         })
         .await
         .unwrap();
-    let registry = Registry::new().register(
+    let registry = Registry::new().register_handler(
         ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
         RECORD_SUBJECT,
         LedgerHandler::default(),
@@ -141,7 +141,7 @@ async fn a_dead_letter_refused_on_the_last_delivery_is_recorded_once_the_insert_
         .unwrap()
         .to_owned();
     let limited = connect(&limited_url, 8).await;
-    let registry = Registry::new().register(
+    let registry = Registry::new().register_handler(
         ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
         RECORD_SUBJECT,
         LedgerHandler::default(),

@@ -12,7 +12,7 @@ use crate::support::domain::Entry;
 use crate::support::domain::{LEDGER_CONSUMER, LedgerHandler};
 use entity::dead_letter;
 use entity::prelude::*;
-use service::inbox::handler;
+use service::handler;
 use service::{ConsumerName, Executor, HandlerError, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig};
 
@@ -52,7 +52,7 @@ async fn start_consumers(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() {
     let (t, _nats, js) = with_ledger_stream(Backend::Sqlite).await;
-    let always_fails = handler(|_txn, _env| -> BoxFuture<'_, Result<(), HandlerError>> {
+    let always_fails = handler(|_ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async {
             Err(HandlerError::Failed(
                 "the downstream service is down".into(),
@@ -60,12 +60,12 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
         })
     });
     let registry = Registry::new()
-        .register(
+        .register_handler(
             ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
             "ledger.record",
             LedgerHandler::default(),
         )
-        .register(
+        .register_handler(
             ConsumerName::parse("flaky").unwrap(),
             "ledger.flaky",
             always_fails,
@@ -151,12 +151,12 @@ async fn poison_messages_are_dead_lettered_with_a_reason_while_good_ones_flow() 
 async fn two_consumers_of_one_subject_each_apply_a_message_once() {
     let (t, _nats, js) = with_ledger_stream(Backend::Postgres).await;
     let registry = Registry::new()
-        .register(
+        .register_handler(
             ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
             "ledger.record",
             LedgerHandler::default(),
         )
-        .register(
+        .register_handler(
             ConsumerName::parse("mirror").unwrap(),
             "ledger.record",
             LedgerHandler::default(),

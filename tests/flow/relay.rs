@@ -27,7 +27,7 @@ async fn enqueue_many(db: &DatabaseConnection, n: usize, prefix: &str) -> Vec<St
         let event = NewEvent::new(SUBJECT, format!("{{\"n\":{i}}}"))
             .with_message_id(format!("{prefix}-{i}"));
         ids.push(event.message_id.clone());
-        Outbox::enqueue(&txn, event).await.unwrap();
+        Outbox::default().enqueue(&txn, event).await.unwrap();
     }
     txn.commit().await.unwrap();
     ids
@@ -240,7 +240,7 @@ async fn events_with_an_ordering_key_arrive_in_commit_order(backend: Backend) {
         let key = format!("key-{}", n % 5);
         let txn = t.db.begin().await.unwrap();
         let event = NewEvent::new("ledger.ordered", format!("{key}:{n}")).with_ordering_key(key);
-        Outbox::enqueue(&txn, event).await.unwrap();
+        Outbox::default().enqueue(&txn, event).await.unwrap();
         txn.commit().await.unwrap();
     }
     wait_drained(&t.db, Duration::from_secs(60)).await;
@@ -285,7 +285,8 @@ async fn rows_committed_late_are_published_and_rolled_back_rows_never() {
     let mut txns = Vec::new();
     for name in ["t1", "t2", "t3", "t4"] {
         let txn = t.db.begin().await.unwrap();
-        Outbox::enqueue(&txn, NewEvent::new(SUBJECT, name).with_message_id(name))
+        Outbox::default()
+            .enqueue(&txn, NewEvent::new(SUBJECT, name).with_message_id(name))
             .await
             .unwrap();
         txns.push(txn);
@@ -335,13 +336,15 @@ async fn rows_committed_late_are_published_and_rolled_back_rows_never() {
 async fn a_row_without_a_stream_is_retried_then_marked_dead() {
     let (t, _nats, js) = with_ledger_stream(Backend::Sqlite).await;
     let txn = t.db.begin().await.unwrap();
-    Outbox::enqueue(
-        &txn,
-        NewEvent::new("nowhere.to.go", "x").with_message_id("lost-1"),
-    )
-    .await
-    .unwrap();
-    Outbox::enqueue(&txn, NewEvent::new(SUBJECT, "y").with_message_id("fine-1"))
+    Outbox::default()
+        .enqueue(
+            &txn,
+            NewEvent::new("nowhere.to.go", "x").with_message_id("lost-1"),
+        )
+        .await
+        .unwrap();
+    Outbox::default()
+        .enqueue(&txn, NewEvent::new(SUBJECT, "y").with_message_id("fine-1"))
         .await
         .unwrap();
     txn.commit().await.unwrap();

@@ -147,7 +147,7 @@ async fn an_event_with_a_bad_header_or_id_is_refused_at_enqueue() {
     ];
     for (event, expected) in cases {
         let txn = t.db.begin().await.unwrap();
-        match Outbox::enqueue(&txn, event).await {
+        match Outbox::default().enqueue(&txn, event).await {
             Err(OutboxError::Invalid(err)) => assert_eq!(err, expected),
             other => panic!("expected {expected:?}, got {other:?}"),
         }

@@ -16,7 +16,7 @@ use crate::support::domain::Entry;
 use crate::support::domain::{LEDGER_CONSUMER, LEDGER_STREAM, LedgerHandler, RECORD_SUBJECT};
 use entity::prelude::*;
 use entity::{dead_letter, inbox_message};
-use service::inbox::handler;
+use service::handler;
 use service::{ConsumerName, Executor, HandlerError, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig};
 
@@ -48,9 +48,9 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
     let refuse = Arc::new(AtomicBool::new(true));
     let audit = handler({
         let refuse = refuse.clone();
-        move |_txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
+        move |ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
             let refused = refuse.load(Ordering::SeqCst);
-            let subject = env.subject.clone();
+            let subject = ctx.envelope().subject.clone();
             Box::pin(async move {
                 assert_eq!(
                     subject, RECORD_SUBJECT,
@@ -65,12 +65,12 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
         }
     });
     let registry = Registry::new()
-        .register(
+        .register_handler(
             ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
             RECORD_SUBJECT,
             LedgerHandler::default(),
         )
-        .register(ConsumerName::parse("audit").unwrap(), RECORD_SUBJECT, audit);
+        .register_handler(ConsumerName::parse("audit").unwrap(), RECORD_SUBJECT, audit);
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let cancel = CancellationToken::new();
     let mut replay_subjects = std::collections::HashMap::new();

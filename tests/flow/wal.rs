@@ -49,7 +49,10 @@ fn drop_slot(t: &TestDb) {
 /// Writes `events` in one transaction, in WAL mode.
 async fn commit_events(db: &DatabaseConnection, events: Vec<NewEvent>) {
     let txn = db.begin().await.unwrap();
-    Outbox::enqueue_all(&txn, events).await.unwrap();
+    Outbox::new(OutboxMode::Wal)
+        .enqueue_all(&txn, events)
+        .await
+        .unwrap();
     txn.commit().await.unwrap();
 }
 
@@ -108,13 +111,13 @@ async fn wal_mode_relays_events_end_to_end_without_outbox_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refused_and_rolled_back_events_do_not_stop_the_rest() {
     let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
-    Outbox::set_mode(OutboxMode::Wal);
     worker::relay::wal::prepare(&t.db, &slot_of(&t))
         .await
         .unwrap();
 
     let txn = t.db.begin().await.unwrap();
-    Outbox::enqueue(&txn, recorded("rolled-back", None))
+    Outbox::new(OutboxMode::Wal)
+        .enqueue(&txn, recorded("rolled-back", None))
         .await
         .unwrap();
     txn.rollback().await.unwrap();
@@ -297,7 +300,6 @@ async fn slot_holder(t: &TestDb) -> Option<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_takes_over_from_a_killed_relay_and_nothing_is_lost() {
     let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
-    Outbox::set_mode(OutboxMode::Wal);
     worker::relay::wal::prepare(&t.db, &slot_of(&t))
         .await
         .unwrap();
@@ -352,7 +354,6 @@ async fn a_standby_takes_over_from_a_killed_relay_and_nothing_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_wal_relay_survives_a_nats_restart() {
     let (t, mut nats, _) = with_ledger_stream(Backend::Postgres).await;
-    Outbox::set_mode(OutboxMode::Wal);
     worker::relay::wal::prepare(&t.db, &slot_of(&t))
         .await
         .unwrap();

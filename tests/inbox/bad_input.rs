@@ -6,7 +6,7 @@ use crate::support::domain::{Balance, Entry};
 use crate::support::domain::{EntryRequest, LEDGER_CONSUMER, record};
 use entity::prelude::*;
 use service::envelope::MAX_MESSAGE_ID_LEN;
-use service::inbox::handler;
+use service::handler;
 use service::{
     ConsumerName, EnvelopeError, Executor, HandlerError, Inbox, InboxErrorKind, MessageId,
 };
@@ -37,10 +37,11 @@ async fn a_panicking_handler_is_reported_and_leaves_no_rows(backend: Backend) {
     let t = TestDb::new(backend).await;
     let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
-    let panicking = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
+    let panicking = handler(|ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
+            let env = ctx.envelope();
             let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            record(txn, &env.message_id, &req).await?;
+            record(ctx, &req).await?;
             panic!("handler bug after the writes");
         })
     });

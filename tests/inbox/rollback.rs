@@ -10,7 +10,8 @@ use crate::support::domain::{
 };
 use entity::prelude::*;
 use service::executor::unit;
-use service::inbox::{handler, record_marker};
+use service::handler;
+use service::inbox::record_marker;
 use service::{ConsumerName, Executor, HandlerError, Inbox, InboxErrorKind, Outcome};
 
 use crate::on_backends;
@@ -23,10 +24,11 @@ async fn a_failing_business_write_rolls_the_marker_back(backend: Backend) {
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     // The second credit insert reuses the reference of the first: the business
     // write fails after the marker, the credit and the outbox row were written.
-    let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
+    let failing = handler(|ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
+            let (txn, env) = (ctx.txn(), ctx.envelope());
             let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            record(txn, &env.message_id, &req).await?;
+            record(ctx, &req).await?;
             entry::Entity::insert(entry::ActiveModel {
                 id: sea_orm::NotSet,
                 message_id: sea_orm::Set(env.message_id.to_string()),
@@ -114,10 +116,11 @@ async fn a_retry_after_a_failed_unit_starts_from_a_clean_transaction(backend: Ba
     let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let env = entry_envelope("retry-1", "acct", 100, Some("first-attempt"));
-    let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
+    let failing = handler(|ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
+            let env = ctx.envelope();
             let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            record(txn, &env.message_id, &req).await?;
+            record(ctx, &req).await?;
             Err(HandlerError::Failed("downstream refused".into()))
         })
     });
@@ -160,12 +163,18 @@ async fn a_batch_of_events_commits_in_order_or_not_at_all(backend: Backend) {
             .collect::<Vec<_>>()
     };
     let txn = t.db.begin().await.unwrap();
-    Outbox::enqueue_all(&txn, events("dropped")).await.unwrap();
+    Outbox::default()
+        .enqueue_all(&txn, events("dropped"))
+        .await
+        .unwrap();
     txn.rollback().await.unwrap();
     assert_eq!(t.count(OutboxMessage).await, 0);
 
     let txn = t.db.begin().await.unwrap();
-    Outbox::enqueue_all(&txn, events("kept")).await.unwrap();
+    Outbox::default()
+        .enqueue_all(&txn, events("kept"))
+        .await
+        .unwrap();
     txn.commit().await.unwrap();
     let payloads: Vec<Vec<u8>> = OutboxMessage::find()
         .order_by_asc(entity::outbox_message::Column::Id)

@@ -225,7 +225,8 @@ pub fn backend_named(name: &str) -> Backend {
     }
 }
 
-pub mod domain;
+/// The test-only domain, from the test kit.
+pub use testkit::ledger as domain;
 pub mod nats;
 pub mod process;
 pub mod proxy;

@@ -1,5 +1,5 @@
 //! `seawall-testbed`: the platform's long-running roles on the test-only
-//! ledger domain of `tests/support/domain.rs`: `seawall-testbed
+//! ledger domain of the test kit (`tests/kit`): `seawall-testbed
 //! run|relay|consume|api`, configured
 //! like `seawall` (`SEAWALL_*`), plus two knobs of the domain's own:
 //! `TESTBED_WORK_MS` (a slow handler) and `TESTBED_WEBHOOK_URL` (the `hook`
@@ -9,9 +9,7 @@
 //! `seawall`, whose domain is the demo a fork replaces; it is also the
 //! smallest example of a service assembled from seawall's parts.
 
-#[path = "../support/domain.rs"]
-#[allow(dead_code)]
-mod domain;
+use testkit::ledger as domain;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -42,7 +40,8 @@ async fn run() -> Result<()> {
         other => bail!("usage: seawall-testbed run|relay|consume|api (got {other:?})"),
     };
     let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
-    let settings = seawall::config::load(config.as_deref())?.settings;
+    let settings =
+        seawall::config::load::<seawall::config::NoSettings>(config.as_deref())?.settings;
     let db = seawall::app::connect_db_waiting(&settings.database_url, 2).await?;
     domain::create_tables(&db)
         .await
@@ -58,7 +57,7 @@ fn ledger(settings: &Settings) -> Result<Domain> {
         Ok(ms) => Duration::from_millis(ms.parse().context("TESTBED_WORK_MS")?),
         Err(_) => Duration::ZERO,
     };
-    let mut registry = Registry::new().register(
+    let mut registry = Registry::new().register_handler(
         ConsumerName::parse(domain::LEDGER_CONSUMER)?,
         domain::RECORD_SUBJECT,
         domain::LedgerHandler { work },

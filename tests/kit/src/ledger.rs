@@ -4,10 +4,10 @@
 //! `ledger.recorded` event; the `hook` consumer POSTs each recorded event to
 //! a webhook through a two-phase claim.
 //!
-//! It is deliberately not the demo domain (credits): a fork deletes the demo,
-//! and every platform test must keep passing after it (see `docs/fork.md`,
-//! proved by `scripts/fork-check`). Its tables are created by
-//! [`create_tables`], not by the migrator, for the same reason.
+//! It is deliberately not the example domain (credits): a fork replaces
+//! that, and every platform test must keep passing after it (see
+//! `docs/fork.md`, proved by `scripts/fork-check`). Its tables are created
+//! by [`create_tables`], not by the migrator, for the same reason.
 
 use std::time::Duration;
 
@@ -16,12 +16,11 @@ use futures::future::BoxFuture;
 use sea_orm::sea_query::{Expr, ExprTrait, Index};
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait,
-    QueryFilter, Schema,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, Schema,
 };
 use serde::{Deserialize, Serialize};
 
-use service::{ConsumerName, Envelope, Handle, HandlerError, MessageId, NewEvent, Outbox};
+use service::{ConsumerName, Ctx, Envelope, Handle, HandlerError, MessageId, NewEvent};
 
 /// The consumer that records entries.
 pub const LEDGER_CONSUMER: &str = "ledger";
@@ -146,13 +145,10 @@ pub struct Recorded {
     pub balance: i64,
 }
 
-/// Records `req` on `txn`: the entry, the balance and the `ledger.recorded`
-/// event (ordered per account).
-pub async fn record(
-    txn: &DatabaseTransaction,
-    message_id: &MessageId,
-    req: &EntryRequest,
-) -> Result<Recorded, HandlerError> {
+/// Records `req` on the context's transaction: the entry, the balance and
+/// the `ledger.recorded` event (ordered per account).
+pub async fn record(ctx: &Ctx<'_>, req: &EntryRequest) -> Result<Recorded, HandlerError> {
+    let (txn, message_id) = (ctx.txn(), &ctx.envelope().message_id);
     entry::Entity::insert(entry::ActiveModel {
         id: NotSet,
         message_id: Set(message_id.to_string()),
@@ -171,7 +167,7 @@ pub async fn record(
     };
     let payload = serde_json::to_vec(&recorded).map_err(|e| DbErr::Json(e.to_string()))?;
     let event = NewEvent::new(RECORDED_SUBJECT, payload).with_ordering_key(req.account_id.clone());
-    Outbox::enqueue(txn, event).await?;
+    ctx.emit(event).await?;
     Ok(recorded)
 }
 
@@ -220,14 +216,11 @@ pub struct LedgerHandler {
 }
 
 impl Handle<Recorded> for LedgerHandler {
-    fn handle<'a>(
-        &'a self,
-        txn: &'a DatabaseTransaction,
-        envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<Recorded, HandlerError>> {
+    fn handle<'a>(&'a self, ctx: &'a Ctx<'a>) -> BoxFuture<'a, Result<Recorded, HandlerError>> {
         Box::pin(async move {
-            let req = EntryRequest::parse(&envelope.payload).map_err(HandlerError::Rejected)?;
-            let recorded = record(txn, &envelope.message_id, &req).await?;
+            let req =
+                EntryRequest::parse(&ctx.envelope().payload).map_err(HandlerError::Rejected)?;
+            let recorded = record(ctx, &req).await?;
             if !self.work.is_zero() {
                 tokio::time::sleep(self.work).await;
             }
@@ -256,7 +249,5 @@ pub fn ledger_consumer() -> ConsumerName {
 }
 
 /// Short names, as `entity::prelude` has for the platform's tables.
-#[allow(unused_imports)]
 pub use balance::Entity as Balance;
-#[allow(unused_imports)]
 pub use entry::Entity as Entry;

@@ -11,7 +11,7 @@ use sea_orm::DatabaseConnection;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use service::demo::credits::{CREDIT_CONSUMER, CreditHandler, CreditRequest, REQUESTED_SUBJECT};
+use service::domain::credits::{CREDIT_CONSUMER, CreditRequest, REQUESTED_SUBJECT, credit_handler};
 use service::{ConsumerName, Envelope, Executor, Inbox, MessageId, Outcome};
 
 /// What one `load` run did.
@@ -74,7 +74,7 @@ pub async fn run(db: DatabaseConnection, args: &LoadArgs) -> Result<Summary> {
             let (inbox, consumer, counts) = (inbox.clone(), consumer.clone(), counts.clone());
             tasks.spawn(async move {
                 let slot = match inbox
-                    .process(&env, &consumer, &CreditHandler::default())
+                    .process(&env, &consumer, &credit_handler(Default::default()))
                     .await
                 {
                     Ok(Outcome::Processed(_)) => 0,

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 
-use service::demo::credits::{CreditRequest, REQUESTED_SUBJECT};
+use service::domain::credits::{CreditRequest, REQUESTED_SUBJECT};
 
 /// Arguments of `seawall publish`.
 #[derive(Debug, Clone, clap::Args)]

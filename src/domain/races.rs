@@ -10,13 +10,14 @@ use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use tokio::sync::Barrier;
 
-use entity::demo::{account, credit};
+use entity::domain::{account, credit};
 use entity::{inbox_message, outbox_message};
-use service::demo::credits::{
-    CREDIT_CONSUMER, CreditHandler, CreditRequest, REQUESTED_SUBJECT, naive_apply_credit,
+use service::domain::credits::{
+    CREDIT_CONSUMER, CreditRequest, REQUESTED_SUBJECT, credit_handler, naive_apply_credit,
 };
 use service::executor::unit;
-use service::inbox::{handler, record_marker};
+use service::handler;
+use service::inbox::record_marker;
 use service::{
     ConsumerName, Envelope, Executor, HandlerError, Inbox, InboxError, InboxErrorKind, MessageId,
     Outcome,
@@ -128,7 +129,7 @@ async fn inbox_race(
     let id = format!("demo-{run}-race");
     let env = envelope(&id, &format!("demo-{run}-race"), 100, None)?;
     let inbox = inbox.clone().with_fast_path(service::FastPath::Never);
-    let handler = CreditHandler::default();
+    let handler = credit_handler(Default::default());
     let (a, b) = tokio::join!(
         inbox.process(&env, consumer, &handler),
         inbox.process(&env, consumer, &handler)
@@ -156,10 +157,11 @@ async fn rollback(
     let id = format!("demo-{run}-rollback");
     let env = envelope(&id, &format!("demo-{run}-rollback"), 100, None)?;
     let outbox_before = outbox_message::Entity::find().count(db).await?;
-    let failing = handler(|txn, env| -> BoxFuture<'_, Result<(), HandlerError>> {
+    let failing = handler(|ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
-            let req = CreditRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
-            service::demo::credits::apply_credit(txn, &env.message_id, &req).await?;
+            let req =
+                CreditRequest::parse(&ctx.envelope().payload).map_err(HandlerError::Rejected)?;
+            service::domain::credits::apply_credit(ctx, &req).await?;
             Err(HandlerError::Failed(
                 "the payment provider said no after the writes".into(),
             ))
@@ -192,7 +194,7 @@ async fn bulk_update(
     let acct = format!("demo-{run}-bulk");
     let env = envelope(&id, &acct, 100, None)?;
     inbox
-        .process(&env, consumer, &CreditHandler::default())
+        .process(&env, consumer, &credit_handler(Default::default()))
         .await?;
     let before = balance(db, &acct).await?;
     println!("    message applied once; balance {before}. It is redelivered to a unit that");
@@ -243,7 +245,7 @@ async fn other_constraint(
         100,
         Some(&reference),
     )?;
-    let handler = CreditHandler::default();
+    let handler = credit_handler(Default::default());
     inbox.process(&first, consumer, &handler).await?;
     let result = inbox.process(&second, consumer, &handler).await;
     let markers = markers_for(db, second.message_id.as_str()).await?;

@@ -4,7 +4,7 @@ use std::process::Stdio;
 
 use sea_orm::EntityTrait;
 
-use entity::demo::{account::Entity as Account, credit::Entity as Credit};
+use entity::domain::{account::Entity as Account, credit::Entity as Credit};
 use entity::prelude::InboxMessage;
 
 use crate::support::{Backend, TestDb};

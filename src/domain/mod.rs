@@ -1,13 +1,14 @@
-//! The example domain: credits applied to accounts (`credits.requested` in,
-//! `credits.applied` out, through the inbox and the outbox) and the `notify`
-//! consumer that POSTs each applied credit to a webhook through a two-phase
-//! claim. With it come the commands that drive it: `seawall demo` (the
-//! races of `docs/architecture.md`, narrated), `seawall publish` and
-//! `seawall load`.
+//! The domain's wiring: which stream its subjects live in, which handler
+//! consumes which subject, its settings, and its own commands. Here it is
+//! the example, credits applied to accounts (`credits.requested` in,
+//! `credits.applied` out) and the `notify` consumer that POSTs each applied
+//! credit to a webhook through a two-phase claim, with the commands that
+//! drive it: `seawall demo` (the races of `docs/architecture.md`,
+//! narrated), `seawall publish` and `seawall load`.
 //!
-//! A fork deletes this module (and the `demo` modules of `entity`,
-//! `migration` and `service`) and supplies its own [`Domain`]; see
-//! `docs/fork.md`. No platform test depends on it.
+//! A fork replaces this folder (and the `domain` folders of `entity`,
+//! `migration` and `service`); the platform reaches it only through
+//! [`Settings`], [`domain`], [`Commands`] and [`run`] (see `docs/fork.md`).
 
 pub mod load;
 pub mod publish;
@@ -17,31 +18,41 @@ use anyhow::{Context, Result, bail};
 
 use service::ConsumerName;
 use service::Registry;
-use service::demo::credits::{
-    APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, CreditHandler, REQUESTED_SUBJECT,
+use service::domain::credits::{
+    APPLIED_SUBJECT, CREDIT_CONSUMER, CREDITS_STREAM, REQUESTED_SUBJECT, credit,
 };
 
 use crate::app::{Domain, connect_db};
-use crate::config::{Loaded, Settings};
+use crate::config::{DomainSettings, Loaded};
 use crate::webhook::Webhook;
 
-/// The demo `notify` consumer's name.
+/// The domain's settings (`[domain]` in the file, `SEAWALL_<KEY>`
+/// variables).
+pub use service::domain::Settings;
+
+impl DomainSettings for Settings {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        Settings::validate(self)
+    }
+}
+
+/// The `notify` consumer's name.
 pub const NOTIFY_CONSUMER: &str = "notify";
 
-/// The demo's stream and consumers: `credit` always, `notify` when a webhook
-/// URL is configured.
+/// The stream and consumers: `credit` always, `notify` when a webhook URL
+/// is configured.
 ///
 /// # Errors
 /// A webhook CA file that cannot be read.
-pub fn domain(settings: &Settings) -> Result<Domain> {
-    let mut registry = Registry::new().register(
+pub fn domain(loaded: &Loaded<Settings>) -> Result<Domain> {
+    let (settings, own) = (&loaded.settings, &loaded.domain);
+    let mut registry = Registry::new().register_with(
         ConsumerName::parse(CREDIT_CONSUMER)?,
         REQUESTED_SUBJECT,
-        CreditHandler {
-            work: std::time::Duration::from_millis(settings.demo_work_ms),
-        },
+        own.clone(),
+        credit,
     );
-    if let Some(url) = &settings.notify_webhook_url {
+    if let Some(url) = &own.notify_webhook_url {
         registry = registry.register_effect(
             ConsumerName::parse(NOTIFY_CONSUMER)?,
             APPLIED_SUBJECT,
@@ -55,7 +66,7 @@ pub fn domain(settings: &Settings) -> Result<Domain> {
     })
 }
 
-/// The demo's commands, flattened into `seawall`'s own.
+/// The domain's commands, flattened into `seawall`'s own.
 #[derive(Debug, clap::Subcommand)]
 pub enum Commands {
     /// Run the races of docs/architecture.md (rules 1-4) against the
@@ -69,11 +80,11 @@ pub enum Commands {
     Publish(publish::PublishArgs),
 }
 
-/// Runs one of the demo's commands.
+/// Runs one of the domain's commands.
 ///
 /// # Errors
 /// The command failing, or (`load`) any message failing.
-pub async fn run(command: Commands, loaded: &Loaded) -> Result<()> {
+pub async fn run(command: Commands, loaded: &Loaded<Settings>) -> Result<()> {
     let settings = &loaded.settings;
     match command {
         Commands::Demo => {

@@ -1,27 +1,26 @@
-//! The demo domain: crediting accounts from `credits.requested` messages.
+//! The example domain: crediting accounts from `credits.requested` messages.
 //!
-//! This is the example of domain logic living in `service`: a handler that
-//! makes several business writes (one of them a bulk `update_many`) and records
-//! an outbox event, all on the transaction the inbox gives it.
+//! This is what domain logic looks like on the platform: a handler that
+//! makes several business writes (one of them a bulk `update_many`) and
+//! emits an event, all on the transaction of the context it is given.
 
 use std::future::Future;
-use std::time::Duration;
 
 use chrono::Utc;
-use futures::future::BoxFuture;
 use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
+    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
 };
 use serde::{Deserialize, Serialize};
 
-use entity::demo::{account, credit};
+use entity::domain::{account, credit};
 
-use crate::envelope::{Envelope, MessageId};
+use super::Settings;
+use crate::envelope::MessageId;
 use crate::error::HandlerError;
-use crate::inbox::Handle;
-use crate::outbox::{NewEvent, Outbox};
+use crate::handler::{Ctx, FromPayload, Handle};
+use crate::outbox::NewEvent;
 
 /// Consumer name of the demo credit handler.
 pub const CREDIT_CONSUMER: &str = "credit";
@@ -69,6 +68,14 @@ impl CreditRequest {
     }
 }
 
+/// Decoded and checked by the platform before [`credit`] runs; a request
+/// that fails [`CreditRequest::parse`] is dead-lettered with its reason.
+impl FromPayload for CreditRequest {
+    fn from_payload(bytes: &[u8]) -> Result<Self, String> {
+        Self::parse(bytes)
+    }
+}
+
 /// The `credits.applied` event payload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreditApplied {
@@ -82,18 +89,17 @@ pub struct CreditApplied {
     pub balance: i64,
 }
 
-/// Applies a credit on `txn`: the credit row, the account balance (created if
-/// needed) and the `credits.applied` outbox event (which the outbox puts in
-/// the request's trace).
+/// Applies a credit on the context's transaction: the credit row, the
+/// account balance (created if needed) and the `credits.applied` event.
 ///
 /// # Errors
 /// Database errors, including a unique violation of `ix_credit_reference`
 /// when the reference was used before.
 pub async fn apply_credit(
-    txn: &DatabaseTransaction,
-    message_id: &MessageId,
+    ctx: &Ctx<'_>,
     req: &CreditRequest,
 ) -> Result<CreditApplied, HandlerError> {
+    let (txn, message_id) = (ctx.txn(), &ctx.envelope().message_id);
     let now = Utc::now();
     credit::Entity::insert(credit::ActiveModel {
         id: NotSet,
@@ -112,9 +118,9 @@ pub async fn apply_credit(
         amount: req.amount,
         balance,
     };
-    let payload = serde_json::to_vec(&applied).map_err(|e| DbErr::Json(e.to_string()))?;
-    let event = NewEvent::new(APPLIED_SUBJECT, payload).with_ordering_key(req.account_id.clone());
-    Outbox::enqueue(txn, event).await?;
+    let event =
+        NewEvent::json(APPLIED_SUBJECT, &applied)?.with_ordering_key(req.account_id.clone());
+    ctx.emit(event).await?;
     Ok(applied)
 }
 
@@ -155,29 +161,28 @@ pub async fn add_to_balance<C: ConnectionTrait>(
     Ok(row.balance)
 }
 
-/// The demo `credit` consumer's handler.
-#[derive(Debug, Clone, Default)]
-pub struct CreditHandler {
-    /// Simulated work after the writes (`SEAWALL_DEMO_WORK_MS`), to make races
-    /// between instances observable.
-    pub work: Duration,
+/// The `credit` consumer: a decoded request, applied on the context's
+/// transaction, then the configured simulated work (`demo_work_ms`, to make
+/// races between instances observable).
+///
+/// # Errors
+/// As [`apply_credit`].
+pub async fn credit(
+    ctx: &Ctx<'_>,
+    settings: &Settings,
+    req: CreditRequest,
+) -> Result<(), HandlerError> {
+    apply_credit(ctx, &req).await?;
+    if settings.demo_work_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(settings.demo_work_ms)).await;
+    }
+    Ok(())
 }
 
-impl Handle<CreditApplied> for CreditHandler {
-    fn handle<'a>(
-        &'a self,
-        txn: &'a DatabaseTransaction,
-        envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<CreditApplied, HandlerError>> {
-        Box::pin(async move {
-            let req = CreditRequest::parse(&envelope.payload).map_err(HandlerError::Rejected)?;
-            let applied = apply_credit(txn, &envelope.message_id, &req).await?;
-            if !self.work.is_zero() {
-                tokio::time::sleep(self.work).await;
-            }
-            Ok(applied)
-        })
-    }
+/// [`credit`] with `settings`, for running it through
+/// [`crate::Inbox::process`] directly (tools, benchmarks).
+pub fn credit_handler(settings: Settings) -> impl Handle {
+    crate::handler::from_fn_with(settings, credit)
 }
 
 /// The hazard the inbox exists to prevent, kept as a teaching example: "have I

@@ -12,8 +12,9 @@ use async_nats::jetstream::{self, consumer::pull, message::PublishMessage};
 use futures::StreamExt;
 use sea_orm::{EntityTrait, PaginatorTrait};
 
-use entity::{inbox_message, orders, outbox_message};
-use service::orders::{ACCEPTED_SUBJECT, ORDERS_CONSUMER, ORDERS_STREAM, PLACED_SUBJECT};
+use entity::domain::orders;
+use entity::{inbox_message, outbox_message};
+use service::domain::orders::{ACCEPTED_SUBJECT, ORDERS_CONSUMER, ORDERS_STREAM, PLACED_SUBJECT};
 use support::nats::NatsServer;
 use support::{Backend, TestDb, wait_until};
 

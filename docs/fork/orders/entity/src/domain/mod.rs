@@ -1,0 +1,3 @@
+//! The orders service's tables.
+
+pub mod orders;
