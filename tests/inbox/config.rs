@@ -167,3 +167,65 @@ fn refused_at_start_up(command: &str, env: &[(&str, &str)]) -> Output {
     }
     child.wait_with_output().unwrap()
 }
+
+#[test]
+fn a_misspelt_environment_variable_stops_startup_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_DATABASE_URL", &url),
+            ("SEAWALL_RELAY_BATCHSIZE", "5"),
+        ],
+    );
+    fails_naming(&out, "SEAWALL_RELAY_BATCHSIZE");
+    // The scripts' and tests' own variables are not settings, and pass.
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_DATABASE_URL", &url),
+            ("SEAWALL_TEST_ANYTHING", "1"),
+            ("SEAWALL_KEEP_SERVICES", "1"),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_domain_settings_are_read_and_checked_from_the_file_and_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
+    let file = dir.path().join("seawall.toml");
+    let with_file = |text: &str, env: &[(&str, &str)]| {
+        std::fs::write(&file, text).unwrap();
+        let mut all = vec![("SEAWALL_DATABASE_URL", url.as_str())];
+        all.extend_from_slice(env);
+        seawall(&["--config", file.to_str().unwrap(), "migrate"], &all)
+    };
+    fails_naming(
+        &with_file("[domain]\ndemo_work_ms = \"slow\"\n", &[]),
+        "demo_work_ms",
+    );
+    fails_naming(
+        &with_file("[domain]\ndemo_wrk_ms = 1\n", &[]),
+        "demo_wrk_ms",
+    );
+    fails_naming(
+        &with_file("", &[("SEAWALL_NOTIFY_WEBHOOK_URL", "ftp://example")]),
+        "notify_webhook_url",
+    );
+    let out = with_file(
+        "[domain]\nnotify_webhook_url = \"http://127.0.0.1:9/\"\n",
+        &[("SEAWALL_DEMO_WORK_MS", "5")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

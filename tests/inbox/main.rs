@@ -8,6 +8,7 @@ mod bad_input;
 mod commit;
 mod config;
 mod constraints;
+mod handler_fn;
 mod load;
 mod migrate;
 mod overlap;
