@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let payload = parts.next().unwrap_or_default().as_bytes().to_vec();
-    if let Ok(envelope) = service::Envelope::from_delivery("events.in", headers, payload) {
+    if let Ok(envelope) = wire::envelope::Envelope::from_delivery("events.in", headers, payload) {
         assert!(!envelope.message_id.as_str().trim().is_empty());
     }
 });

@@ -10,8 +10,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let content = bytes::Bytes::copy_from_slice(data);
-    if let Ok(events) = service::wal::decode(&content) {
-        let again = service::wal::encode(&events).expect("decoded events encode");
-        assert_eq!(service::wal::decode(&again.into()), Ok(events));
+    if let Ok(events) = wire::wal::decode(&content) {
+        let again = wire::wal::encode(&events).expect("decoded events encode");
+        assert_eq!(wire::wal::decode(&again.into()), Ok(events));
     }
 });
