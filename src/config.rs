@@ -67,6 +67,10 @@ pub struct Settings {
     /// database name when unset.
     pub wal_slot: Option<String>,
     /// Crash tests only: a fault point to abort at (see `worker::FaultPoint`).
+    /// Not a setting (no key or variable sets it): only the test kit's
+    /// `seawall-testbed` arms it, from `TESTBED_FAULT`, with
+    /// [`Settings::arm_fault`].
+    #[serde(skip)]
     pub fault: Option<String>,
     /// The `[domain]` table of the file as written; the domain's typed
     /// settings are read from it (see [`DomainSettings`]). Never serialized,
@@ -482,6 +486,22 @@ impl Settings {
         self.db_max_connections.unwrap_or(DEFAULT_TOOL_POOL)
     }
 
+    /// Arms the fault point `name` for a crash test.
+    ///
+    /// # Errors
+    /// An unknown fault point, naming the ones there are.
+    pub fn arm_fault(&mut self, name: &str) -> Result<(), String> {
+        if worker::FaultPoint::parse(name).is_none() {
+            let names: Vec<_> = worker::FaultPoint::ALL.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "unknown fault point {name:?}; one of {}",
+                names.join(", ")
+            ));
+        }
+        self.fault = Some(name.to_owned());
+        Ok(())
+    }
+
     /// The fault point crash tests armed, if any.
     pub fn fault_point(&self) -> Option<worker::FaultPoint> {
         self.fault.as_deref().and_then(worker::FaultPoint::parse)
@@ -555,15 +575,6 @@ impl Settings {
             return Err(invalid("admin_token", "must not be empty when set"));
         }
         self.check_outbox_mode(scheme)?;
-        if let Some(name) = &self.fault
-            && worker::FaultPoint::parse(name).is_none()
-        {
-            let names: Vec<_> = worker::FaultPoint::ALL.iter().map(|(n, _)| *n).collect();
-            return Err(invalid(
-                "fault",
-                format!("unknown fault point {name:?}; one of {}", names.join(", ")),
-            ));
-        }
         self.check_files()?;
         crate::nats::check(self)
     }
@@ -631,5 +642,67 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's configuration reference, between its heading and the next.
+    fn reference() -> &'static str {
+        let readme = include_str!("../README.md");
+        let start = readme
+            .find("## Configuration")
+            .expect("the README has a configuration reference");
+        let rest = &readme[start + 3..];
+        &rest[..rest.find("\n## ").unwrap_or(rest.len())]
+    }
+
+    #[test]
+    fn the_readme_documents_every_setting_and_no_other() {
+        let text = reference();
+        let keys = keys_of(&Settings::default());
+        for key in &keys {
+            let upper = key.to_uppercase();
+            assert!(
+                text.contains(&format!("`{upper}`"))
+                    || text.contains(&format!("`SEAWALL_{upper}`")),
+                "the README's configuration reference does not name {upper}"
+            );
+        }
+        // Every `SEAWALL_X` it names is a setting or a known non-setting.
+        for word in text.split('`').skip(1).step_by(2) {
+            if let Some(rest) = word.strip_prefix("SEAWALL_")
+                && rest
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                && !rest.is_empty()
+                && !rest.ends_with('_')
+            {
+                let known = keys.contains(&rest.to_lowercase())
+                    || NOT_SETTINGS.contains(&rest)
+                    || keys_of(&service::domain::Settings::default())
+                        .contains(&rest.to_lowercase());
+                assert!(known, "the README names {word}, which is not a setting");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_variables_are_refused_and_the_tools_own_pass() {
+        let platform = keys_of(&Settings::default());
+        let domain = vec!["demo_work_ms".to_owned()];
+        let check = |vars: &[&str]| {
+            check_environment(vars.iter().map(|v| (*v).to_owned()), &platform, &domain)
+        };
+        assert!(check(&["SEAWALL_RELAY_BATCH_SIZE", "SEAWALL_DEMO_WORK_MS", "PATH"]).is_ok());
+        assert!(check(&["SEAWALL_TEST_PG_URL", "SEAWALL_HA_DIR", "SEAWALL_CONFIG"]).is_ok());
+        assert!(matches!(
+            check(&["SEAWALL_RELAY_BATCHSIZE"]),
+            Err(ConfigError::UnknownVariable(v)) if v == "SEAWALL_RELAY_BATCHSIZE"
+        ));
+        // `domain` holds the file's table; it is not a variable.
+        assert!(check(&["SEAWALL_DOMAIN"]).is_err());
     }
 }

@@ -147,7 +147,7 @@ async fn a_crash_before_the_call_is_recovered_with_one_call(backend: Backend) {
         &t.url,
         &nats,
         &hook,
-        &[cfg[0], cfg[1], ("SEAWALL_FAULT", "claim-after-commit")],
+        &[cfg[0], cfg[1], ("TESTBED_FAULT", "claim-after-commit")],
     );
     publish_event(&js, "evt-crash").await;
     assert!(
@@ -194,7 +194,7 @@ async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
         &t.url,
         &nats,
         &hook,
-        &[cfg[0], cfg[1], ("SEAWALL_FAULT", "claim-after-call")],
+        &[cfg[0], cfg[1], ("TESTBED_FAULT", "claim-after-call")],
     );
     publish_event(&js, "evt-after").await;
     assert!(!crashing.wait().await.success());

@@ -61,7 +61,7 @@ async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(bac
         &env(
             &t.url,
             &nats.url(),
-            &[lease[0], ("SEAWALL_FAULT", "relay-after-puback")],
+            &[lease[0], ("TESTBED_FAULT", "relay-after-puback")],
         ),
     );
     let status = crashing.wait().await;
@@ -123,7 +123,7 @@ async fn a_dead_relays_rows_are_free_at_once_on_postgres() {
         &env(
             &t.url,
             &nats.url(),
-            &[lease, ("SEAWALL_FAULT", "relay-after-puback")],
+            &[lease, ("TESTBED_FAULT", "relay-after-puback")],
         ),
     );
     assert!(

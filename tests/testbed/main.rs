@@ -3,7 +3,9 @@
 //! run|relay|consume|api`, configured
 //! like `seawall` (`SEAWALL_*`), plus two knobs of the domain's own:
 //! `TESTBED_WORK_MS` (a slow handler) and `TESTBED_WEBHOOK_URL` (the `hook`
-//! consumer, a two-phase claim that POSTs each recorded entry).
+//! consumer, a two-phase claim that POSTs each recorded entry), and the
+//! crash tests' `TESTBED_FAULT` (a fault point to abort at, see
+//! `worker::FaultPoint`), which is no setting of the product.
 //!
 //! The black-box tests (kill -9, SIGSTOP, outages) run this rather than
 //! `seawall`, whose domain is the demo a fork replaces; it is also the
@@ -40,8 +42,13 @@ async fn run() -> Result<()> {
         other => bail!("usage: seawall-testbed run|relay|consume|api (got {other:?})"),
     };
     let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
-    let settings =
+    let mut settings =
         seawall::config::load::<seawall::config::NoSettings>(config.as_deref())?.settings;
+    if let Ok(fault) = std::env::var("TESTBED_FAULT") {
+        settings
+            .arm_fault(&fault)
+            .map_err(|e| anyhow::anyhow!("TESTBED_FAULT: {e}"))?;
+    }
     let db = seawall::app::connect_db_waiting(&settings.database_url, 2).await?;
     domain::create_tables(&db)
         .await
