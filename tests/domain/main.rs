@@ -1,8 +1,9 @@
-//! Tests of the example domain's commands (`seawall load`): they go with the
-//! demo when a fork deletes it (see `docs/fork.md`). Platform tests never
-//! depend on the demo.
+//! Tests of the example domain (its commands, its settings): a fork replaces
+//! this folder with its own (see `docs/fork.md`). Platform tests never
+//! depend on the example.
 
 #[path = "../support/mod.rs"]
 mod support;
 
+mod settings;
 mod sqlite_processes;
