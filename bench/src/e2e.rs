@@ -132,7 +132,7 @@ async fn drop_slot(db: &DatabaseConnection, url: &str) -> Result<()> {
     let slot = worker::relay::wal::default_slot_name(url);
     for _ in 0..100 {
         match worker::relay::wal::drop_slot(db, &slot).await {
-            Err(worker::relay::wal::WalError::SlotActive(_)) => {
+            Err(worker::relay::wal::SlotError::SlotActive(_)) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             done => {

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
-    ConnectOptions, Database, DatabaseConnection, DbErr, SqliteTransactionMode, TransactionOptions,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
+    SqliteTransactionMode, Statement, TransactionOptions,
 };
 
 /// Transaction options that take SQLite's write lock at `BEGIN` (waiting on
@@ -47,4 +48,28 @@ pub fn options(url: &str, max_connections: u32, busy_timeout: Duration) -> Conne
                 .busy_timeout(busy_timeout)
         });
     opts
+}
+
+/// Whether the database takes writes again. During a PostgreSQL failover a
+/// proxy may route to a standby that answers a ping but refuses every write
+/// (`25006`), so there the probe asks whether the server is in recovery.
+///
+/// # Errors
+/// The database error (an outage, for the caller to wait out).
+pub async fn accepts_writes(db: &DatabaseConnection) -> Result<bool, DbErr> {
+    db.ping().await?;
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(true);
+    }
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT pg_is_in_recovery() AS in_recovery",
+        ))
+        .await?;
+    let in_recovery = match row {
+        Some(row) => row.try_get::<bool>("", "in_recovery")?,
+        None => false,
+    };
+    Ok(!in_recovery)
 }

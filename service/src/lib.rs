@@ -18,6 +18,7 @@
 //! - [`classify`]: what a database error means, per backend.
 //! - [`domain`]: the domain's handlers and settings (here the example, credits; a fork replaces the folder).
 //! - [`registry`]: which handler consumes which subject.
+//! - [`relay`]: the statements the outbox relay runs (taking, holding and marking rows).
 //! - [`dead_letter`]: recording messages a consumer gave up on.
 //! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.
 //! - [`admin`]: what operators list and change (filters, retry, replay, delete).
@@ -43,6 +44,7 @@ pub mod inbox;
 pub mod journey;
 pub mod outbox;
 pub mod registry;
+pub mod relay;
 pub mod replica;
 pub mod retention;
 pub mod rollup;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
+use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -41,7 +41,7 @@ impl Outage {
                 probes += 1;
                 let delay = backoff.delay(probes);
                 tokio::time::sleep(delay).await;
-                match writable(&db).await {
+                match service::db::accepts_writes(&db).await {
                     Ok(true) => break,
                     Ok(false) => tracing::debug!(
                         ?delay,
@@ -84,25 +84,4 @@ impl Outage {
             }
         }
     }
-}
-
-/// Whether the database takes writes again. During a PostgreSQL failover a
-/// proxy may route to a standby that answers a ping but refuses every write
-/// (`25006`), so there the probe asks whether the server is in recovery.
-async fn writable(db: &DatabaseConnection) -> Result<bool, DbErr> {
-    db.ping().await?;
-    if db.get_database_backend() != DbBackend::Postgres {
-        return Ok(true);
-    }
-    let row = db
-        .query_one_raw(Statement::from_string(
-            DbBackend::Postgres,
-            "SELECT pg_is_in_recovery() AS in_recovery",
-        ))
-        .await?;
-    let in_recovery = match row {
-        Some(row) => row.try_get::<bool>("", "in_recovery")?,
-        None => false,
-    };
-    Ok(!in_recovery)
 }

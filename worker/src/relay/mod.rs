@@ -6,11 +6,9 @@
 //! why the window must be longer than the lease (checked at start-up by
 //! [`crate::streams::check_duplicate_window`]).
 
-mod batch;
-mod store;
 pub mod wal;
 
-use batch::Batch;
+use service::relay::Batch;
 
 use std::collections::BTreeMap;
 use std::future::IntoFuture;
@@ -28,7 +26,7 @@ use tracing::Instrument;
 use entity::outbox_message;
 use service::outbox::{check_header, check_message_id};
 
-pub use store::pending_count;
+pub use service::relay::store::pending_count;
 
 /// Relay settings.
 #[derive(Debug, Clone)]

@@ -29,7 +29,8 @@
 //!   replication connection.
 //! - `reader`: windows of committed transactions read from the stream, and
 //!   confirming positions.
-//! - `record`: what a published window leaves in the database.
+//! - `record`: what a published window leaves in the database (the
+//!   statements, like the slot's, are `service::wal`'s).
 //! - here: the relay's sessions, publishing and hand-over to the table.
 
 use std::collections::{BTreeMap, HashSet};
@@ -38,21 +39,14 @@ use std::time::Duration;
 use async_nats::jetstream;
 use chrono::Utc;
 use futures::future::join_all;
-use pgwire_replication::{Lsn, PgWireError, ReplicationClient};
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr,
-    EntityTrait, QueryFilter, QuerySelect, Statement,
-};
+use pgwire_replication::{PgWireError, ReplicationClient};
+use sea_orm::{ActiveValue::Set, DatabaseConnection, DbErr};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use entity::outbox_message;
-use service::state::OutboxState;
 use service::wal::WalEvent;
 
-/// The consumer named on the WAL relay's dead letters: logical messages it
-/// could not decode, and events reusing another event's message id.
-pub const UNDECODABLE_CONSUMER: &str = "wal-relay";
+pub use service::wal::relay::UNDECODABLE_CONSUMER;
 
 /// WAL relay settings.
 #[derive(Debug, Clone)]
@@ -79,29 +73,12 @@ pub struct WalRelayConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WalError {
-    /// The server does not decode its WAL logically.
-    #[error(
-        "outbox_mode = \"wal\" needs PostgreSQL's wal_level = logical, but it is {0:?}: set wal_level = logical (and max_replication_slots, max_wal_senders of at least 1 each) in postgresql.conf and restart PostgreSQL, or use outbox_mode = \"table\""
-    )]
-    WalLevel(String),
-    /// A slot of that name exists for something else.
-    #[error(
-        "replication slot {slot:?} exists but {problem}; set wal_slot to another name, or drop it with `seawall relay --drop-slot` if it is an abandoned seawall slot"
-    )]
-    ForeignSlot {
-        /// The slot.
-        slot: String,
-        /// What is wrong with it.
-        problem: String,
-    },
+    /// The slot cannot be used, created or dropped.
+    #[error(transparent)]
+    Slot(#[from] SlotError),
     /// `database_url` cannot be turned into a replication connection.
     #[error("database_url cannot be used for the replication connection: {0}")]
     Url(String),
-    /// The slot is held by a running relay (drop refused).
-    #[error(
-        "replication slot {0:?} is in use by a running relay; stop the relays before dropping it"
-    )]
-    SlotActive(String),
     /// Another relay holds the slot: this one is a standby.
     #[error("replication slot {0:?} is held by another relay")]
     Standby(String),
@@ -121,7 +98,7 @@ mod record;
 mod slot;
 
 pub use reader::MIN_WINDOW;
-pub use slot::{default_slot_name, drop_slot, prepare, valid_slot_name};
+pub use service::wal::slot::{SlotError, default_slot_name, drop_slot, prepare, valid_slot_name};
 
 use reader::{Reader, Window, ended};
 use slot::replication_config;
@@ -270,51 +247,6 @@ impl WalRelay {
         Ok(())
     }
 
-    /// Where the relays of this slot durably got to, if anywhere.
-    async fn position(&self) -> Result<Option<Lsn>, DbErr> {
-        let row = self
-            .db
-            .query_one_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                // A position past the server's WAL is another cluster's
-                // (a restored dump): starting there would skip events.
-                "SELECT lsn FROM wal_relay_position WHERE slot = $1 \
-                 AND lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
-                [self.config.slot.as_str().into()],
-            ))
-            .await?;
-        Ok(match row {
-            Some(row) => Some(Lsn(
-                u64::try_from(row.try_get::<i64>("", "lsn")?).unwrap_or(0)
-            )),
-            None => None,
-        })
-    }
-
-    /// The ordering keys of `events` with pending rows in `outbox_message`,
-    /// written by this relay or anyone else: their events must queue behind
-    /// those rows (a dead row holds nothing, as in table mode). Asked per
-    /// window, for its keys only.
-    async fn held_keys(&self, events: &[WalEvent]) -> Result<HashSet<String>, DbErr> {
-        let keys: HashSet<&str> = events
-            .iter()
-            .filter_map(|e| e.ordering_key.as_deref())
-            .collect();
-        if keys.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let held: Vec<Option<String>> = outbox_message::Entity::find()
-            .select_only()
-            .column(outbox_message::Column::OrderingKey)
-            .distinct()
-            .filter(OutboxState::Pending.condition())
-            .filter(outbox_message::Column::OrderingKey.is_in(keys))
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        Ok(held.into_iter().flatten().collect())
-    }
-
     /// Publishes a window's events, hands what the broker refused (and what
     /// must queue behind it) to the table, and records undecodable messages;
     /// returns once all of that is durable. While the broker is unreachable
@@ -330,7 +262,7 @@ impl WalRelay {
         let mut published = 0usize;
         let mut events = window.events.clone();
         loop {
-            let held = self.held_keys(&events).await?;
+            let held = service::wal::relay::held_keys(&self.db, &events).await?;
             let (queued, chains) = split(events, &held);
             let results = self.publish_chains(chains).await;
             published += results.iter().map(|c| c.published).sum::<usize>();
@@ -378,7 +310,8 @@ impl WalRelay {
                 let mut row = service::outbox::row_of(event.clone())?;
                 row.attempts = Set(1);
                 row.last_error = Set(Some(error));
-                row.next_attempt_at = Set(Utc::now() + super::store::span(self.config.retry_base));
+                row.next_attempt_at =
+                    Set(Utc::now() + service::relay::store::span(self.config.retry_base));
                 rows.push((row, event));
                 for event in rest {
                     rows.push((service::outbox::row_of(event.clone())?, event));

@@ -1,26 +1,17 @@
-//! What a published window leaves in the database, in one transaction:
-//! the events handed to the table, dead letters, the minute's count and
-//! the relay's durable position.
+//! What a published window leaves in the database: the statements are
+//! `service::wal::relay`'s; this converts the stream's positions for them.
 
-use chrono::Utc;
 use pgwire_replication::Lsn;
-use sea_orm::sea_query::OnConflict;
-use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QuerySelect, Statement, TransactionTrait,
-};
+use sea_orm::DbErr;
 
-use entity::{dead_letter, outbox_message};
-use service::rollup::{self, Tally};
-use service::wal::{self, WalEvent};
+use entity::outbox_message;
+use service::wal::WalEvent;
 
-use super::{UNDECODABLE_CONSUMER, WalRelay};
+use super::WalRelay;
 
 impl WalRelay {
-    /// Writes the rows handed to the table, the dead letters of undecodable
-    /// messages, the minute's count of `published` events and the window's
-    /// `end` as the relay's durable position, in one transaction. A row already there (a window that went again after a
-    /// crash) is left as it is; the count of such a window is counted again.
+    /// Records a published window in one transaction (see
+    /// [`service::wal::relay::record_window`]).
     pub(super) async fn record(
         &self,
         published: usize,
@@ -28,105 +19,22 @@ impl WalRelay {
         undecodable: &[(Vec<u8>, String)],
         end: Option<Lsn>,
     ) -> Result<(), DbErr> {
-        if published == 0 && rows.is_empty() && undecodable.is_empty() {
-            return Ok(());
-        }
-        let txn = self.db.begin().await?;
-        rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
-        if let Some(end) = end {
-            txn.execute_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, $2) \
-                 ON CONFLICT (slot) DO UPDATE SET lsn = GREATEST(wal_relay_position.lsn, EXCLUDED.lsn)",
-                [self.config.slot.as_str().into(), lsn_value(end).into()],
-            ))
-            .await?;
-        }
-        let rows = self.without_clashes(&txn, rows).await?;
-        for chunk in rows.chunks(service::outbox::ROWS_PER_INSERT) {
-            outbox_message::Entity::insert_many(chunk.to_vec())
-                .on_conflict(
-                    OnConflict::column(outbox_message::Column::MessageId)
-                        .do_nothing()
-                        .to_owned(),
-                )
-                .exec_without_returning(&txn)
-                .await?;
-        }
-        for (content, error) in undecodable {
-            tracing::error!(%error, bytes = content.len(), "a seawall WAL message could not be decoded; kept as a dead letter");
-            dead_letter::Entity::insert(dead_letter::ActiveModel {
-                consumer: Set(UNDECODABLE_CONSUMER.into()),
-                message_id: Set(None),
-                subject: Set(wal::PREFIX.into()),
-                payload: Set(content.clone()),
-                headers: Set(serde_json::json!({})),
-                error: Set(error.clone()),
-                deliveries: Set(1),
-                created_at: Set(Utc::now()),
-                replayed_at: Set(None),
-                ..Default::default()
-            })
-            .exec_without_returning(&txn)
-            .await?;
-        }
-        txn.commit().await
+        service::wal::relay::record_window(
+            &self.db,
+            &self.config.slot,
+            published,
+            rows,
+            undecodable,
+            end.map(lsn_value),
+        )
+        .await
     }
 
-    /// The rows to hand to the table, less those whose message id a row
-    /// already has: the same event again (a window read twice after a
-    /// crash) is left as it is, and another event reusing the id (which
-    /// table mode would have refused at enqueue) is kept as a dead letter
-    /// instead of being dropped.
-    async fn without_clashes(
-        &self,
-        txn: &sea_orm::DatabaseTransaction,
-        rows: Vec<(outbox_message::ActiveModel, WalEvent)>,
-    ) -> Result<Vec<outbox_message::ActiveModel>, DbErr> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids: Vec<&str> = rows.iter().map(|(_, e)| e.message_id.as_str()).collect();
-        let existing: Vec<(String, String, Vec<u8>)> = outbox_message::Entity::find()
-            .select_only()
-            .column(outbox_message::Column::MessageId)
-            .column(outbox_message::Column::Subject)
-            .column(outbox_message::Column::Payload)
-            .filter(outbox_message::Column::MessageId.is_in(ids))
-            .into_tuple()
-            .all(txn)
-            .await?;
-        let mut fresh = Vec::new();
-        for (row, event) in rows {
-            match existing.iter().find(|(id, _, _)| *id == event.message_id) {
-                None => fresh.push(row),
-                Some((_, subject, payload))
-                    if *subject == event.subject && payload[..] == event.payload[..] => {}
-                Some(_) => {
-                    let error = format!(
-                        "message id {:?} is already used by another outbox event; this one was not published",
-                        event.message_id
-                    );
-                    tracing::error!(message_id = %event.message_id, "{error}");
-                    dead_letter::Entity::insert(dead_letter::ActiveModel {
-                        consumer: Set(UNDECODABLE_CONSUMER.into()),
-                        message_id: Set(Some(event.message_id.clone())),
-                        subject: Set(event.subject.clone()),
-                        payload: Set(event.payload.to_vec()),
-                        headers: Set(serde_json::to_value(&event.headers)
-                            .map_err(|e| DbErr::Json(e.to_string()))?),
-                        error: Set(error),
-                        deliveries: Set(0),
-                        created_at: Set(Utc::now()),
-                        replayed_at: Set(None),
-                        ..Default::default()
-                    })
-                    .exec_without_returning(txn)
-                    .await?;
-                }
-            }
-        }
-        Ok(fresh)
+    /// Where the relays of this slot durably got to, if anywhere.
+    pub(super) async fn position(&self) -> Result<Option<Lsn>, DbErr> {
+        Ok(service::wal::relay::position(&self.db, &self.config.slot)
+            .await?
+            .map(Lsn))
     }
 }
 

@@ -28,17 +28,17 @@ enum Hold {
 }
 
 /// The rows a round publishes, and its hold on them.
-pub(super) struct Batch {
+pub struct Batch {
     hold: Hold,
     /// The rows, in id order.
-    pub(super) rows: Vec<outbox_message::Model>,
+    pub rows: Vec<outbox_message::Model>,
 }
 
 impl Batch {
     /// Takes up to `limit` publishable rows. `owner` names the lease where
     /// the backend needs one (unique per round, so rounds side by side never
     /// touch each other's rows).
-    pub(super) async fn take(
+    pub async fn take(
         db: &DatabaseConnection,
         owner: String,
         lease: Duration,
@@ -63,11 +63,11 @@ impl Batch {
     }
 
     /// Records rows JetStream acknowledged; returns how many were recorded.
-    pub(super) async fn mark_published(&self, ids: Vec<i64>) -> Result<u64, DbErr> {
+    pub async fn mark_published(&self, ids: Vec<i64>) -> Result<u64, DbErr> {
         match &self.hold {
             Hold::RowLocks(txn) => store::mark_published(txn, None, ids).await,
             Hold::Lease { db, owner } => {
-                let txn = db.begin_with_options(service::db::BEGIN_IMMEDIATE).await?;
+                let txn = db.begin_with_options(crate::db::BEGIN_IMMEDIATE).await?;
                 let marked = store::mark_published(&txn, Some(owner), ids).await?;
                 txn.commit().await?;
                 Ok(marked)
@@ -76,7 +76,7 @@ impl Batch {
     }
 
     /// Records a failed publish of `row`; returns whether it is now dead.
-    pub(super) async fn mark_failed(
+    pub async fn mark_failed(
         &self,
         row: &outbox_message::Model,
         error: &str,
@@ -95,7 +95,7 @@ impl Batch {
 
     /// Ends the round: commits what was recorded and gives `unpublished`
     /// rows back for the next round.
-    pub(super) async fn finish(self, unpublished: Vec<i64>) -> Result<(), DbErr> {
+    pub async fn finish(self, unpublished: Vec<i64>) -> Result<(), DbErr> {
         match self.hold {
             // The commit records the outcomes and frees every lock.
             Hold::RowLocks(txn) => txn.commit().await,

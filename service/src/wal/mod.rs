@@ -1,9 +1,13 @@
 //! The outbox in the write-ahead log (`outbox_mode = "wal"`, PostgreSQL):
 //! writing the events a transaction records as one logical message
 //! ([`emit`]), and the slot's backlog as operators watch it. The encoding
-//! itself is [`wire::wal`], re-exported here.
+//! itself is [`wire::wal`], re-exported here; the slot's statements are
+//! [`slot`]'s, and the relay's own are [`relay`]'s.
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, FromQueryResult, Statement};
+
+pub mod relay;
+pub mod slot;
 
 pub use wire::wal::*;
 

@@ -20,12 +20,12 @@ use sea_orm::{
     DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, TransactionTrait,
 };
 
+use crate::rollup::{self, Tally};
+use crate::state::OutboxState;
 use entity::outbox_message::{self, Column};
-use service::rollup::{self, Tally};
-use service::state::OutboxState;
 
 /// Chrono duration from std, saturating (leases and backoffs are small).
-pub(crate) fn span(d: Duration) -> chrono::Duration {
+pub fn span(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
@@ -81,7 +81,7 @@ fn blocked_head(now: DateTime<Utc>) -> SelectStatement {
 ///
 /// The same ordering-key rule as [`claim`] applies; rows it drops stay locked
 /// until `txn` ends, which only delays them behind their key's earlier row.
-pub(crate) async fn lock(
+pub async fn lock(
     txn: &DatabaseTransaction,
     limit: u64,
 ) -> Result<Vec<outbox_message::Model>, DbErr> {
@@ -111,14 +111,14 @@ pub(crate) async fn lock(
 /// unpublished row of its key, so a key's rows are never in flight from two
 /// relays at once and never overtake an earlier row that is leased elsewhere,
 /// backing off, or still being claimed by a concurrent transaction.
-pub(crate) async fn claim(
+pub async fn claim(
     db: &DatabaseConnection,
     me: &str,
     lease: Duration,
     limit: u64,
 ) -> Result<Vec<outbox_message::Model>, DbErr> {
     let now = Utc::now();
-    let txn = db.begin_with_options(service::db::BEGIN_IMMEDIATE).await?;
+    let txn = db.begin_with_options(crate::db::BEGIN_IMMEDIATE).await?;
     let candidates: Vec<(i64, Option<String>)> = publishable(now, limit)
         .select_only()
         .column(Column::Id)
@@ -198,7 +198,7 @@ fn held_by(owner: Option<&str>) -> Condition {
 
 /// Marks rows JetStream acknowledged as published (if `owner` still holds
 /// them) and counts them in the minute's throughput, on `txn`.
-pub(crate) async fn mark_published(
+pub async fn mark_published(
     txn: &DatabaseTransaction,
     owner: Option<&str>,
     ids: Vec<i64>,
@@ -245,7 +245,7 @@ fn id_array(ids: &[i64]) -> String {
 
 /// Records a failed publish: one more attempt, the error, a backoff, and
 /// `dead_at` once the attempt limit is reached.
-pub(crate) async fn mark_failed<C: ConnectionTrait>(
+pub async fn mark_failed<C: ConnectionTrait>(
     db: &C,
     owner: Option<&str>,
     row: &outbox_message::Model,
@@ -275,7 +275,7 @@ pub(crate) async fn mark_failed<C: ConnectionTrait>(
 
 /// Gives rows back without counting an attempt (a key's later rows after an
 /// earlier one failed, or rows left when shutting down).
-pub(crate) async fn release(db: &DatabaseConnection, me: &str, ids: Vec<i64>) -> Result<(), DbErr> {
+pub async fn release(db: &DatabaseConnection, me: &str, ids: Vec<i64>) -> Result<(), DbErr> {
     if ids.is_empty() {
         return Ok(());
     }

@@ -1,0 +1,271 @@
+//! The WAL relay's slot as the database sees it: its name, its creation and
+//! checks at start-up, and dropping it. The replication connection that
+//! streams it is `worker::relay::wal`'s.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement};
+
+/// Why the slot cannot be used, created or dropped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SlotError {
+    /// The server does not decode its WAL logically.
+    #[error(
+        "outbox_mode = \"wal\" needs PostgreSQL's wal_level = logical, but it is {0:?}: set wal_level = logical (and max_replication_slots, max_wal_senders of at least 1 each) in postgresql.conf and restart PostgreSQL, or use outbox_mode = \"table\""
+    )]
+    WalLevel(String),
+    /// A slot of that name exists for something else.
+    #[error(
+        "replication slot {slot:?} exists but {problem}; set wal_slot to another name, or drop it with `seawall relay --drop-slot` if it is an abandoned seawall slot"
+    )]
+    ForeignSlot {
+        /// The slot.
+        slot: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The slot is held by a running relay (drop refused).
+    #[error(
+        "replication slot {0:?} is in use by a running relay; stop the relays before dropping it"
+    )]
+    SlotActive(String),
+    /// A database statement failed.
+    #[error("WAL slot database error: {0}")]
+    Database(#[from] DbErr),
+}
+
+/// A SQL literal-free check of a slot name: PostgreSQL allows lower-case
+/// letters, digits and underscores, at most 63 bytes.
+pub fn valid_slot_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// The default slot name for a database URL: `seawall_` and the database
+/// name (lower-cased, other characters as `_`), so services sharing a
+/// PostgreSQL cluster get a slot each.
+pub fn default_slot_name(database_url: &str) -> String {
+    let database = url::Url::parse(database_url)
+        .ok()
+        .map(|u| u.path().trim_start_matches('/').to_owned())
+        .unwrap_or_default();
+    let mut slot: String = format!("seawall_{database}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    slot.truncate(63);
+    slot
+}
+
+#[derive(Debug, FromQueryResult)]
+struct Setting {
+    value: String,
+}
+
+#[derive(Debug, FromQueryResult)]
+struct SlotRow {
+    plugin: Option<String>,
+    slot_type: String,
+    database: Option<String>,
+    active: bool,
+}
+
+async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
+    Ok(
+        Setting::find_by_statement(Statement::from_string(DbBackend::Postgres, sql))
+            .one(db)
+            .await?
+            .map(|s| s.value)
+            .unwrap_or_default(),
+    )
+}
+
+async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>, DbErr> {
+    SlotRow::find_by_statement(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT plugin::text AS plugin, slot_type, database::text AS database, active FROM pg_replication_slots WHERE slot_name = $1",
+        [slot.into()],
+    ))
+    .one(db)
+    .await
+}
+
+/// Checks that the server can run the WAL relay and creates its slot and
+/// publication when missing. Several relays starting at once create them
+/// once.
+///
+/// # Errors
+/// [`SlotError::WalLevel`] naming the setting to change,
+/// [`SlotError::ForeignSlot`] for a slot of that name made for something
+/// else, or the database error (for example missing `REPLICATION`
+/// privilege).
+pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotError> {
+    let level = one_text(db, "SELECT current_setting('wal_level') AS value").await?;
+    if level != "logical" {
+        return Err(SlotError::WalLevel(level));
+    }
+    let database = one_text(db, "SELECT current_database()::text AS value").await?;
+    if slot_row(db, slot).await?.is_none() {
+        // A new slot starts at its creation; an old slot's position says
+        // nothing about it.
+        db.execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "DELETE FROM wal_relay_position WHERE slot = $1",
+            [slot.into()],
+        ))
+        .await?;
+        let created = db
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                [slot.into()],
+            ))
+            .await;
+        // Another relay may have created it in the meantime.
+        if let Err(err) = created
+            && slot_row(db, slot).await?.is_none()
+        {
+            return Err(err.into());
+        }
+    }
+    wait_consistent(db, slot).await?;
+    let Some(row) = slot_row(db, slot).await? else {
+        return Err(SlotError::ForeignSlot {
+            slot: slot.to_owned(),
+            problem: "vanished while being checked".into(),
+        });
+    };
+    let problem = if row.slot_type != "logical" || row.plugin.as_deref() != Some("pgoutput") {
+        Some(format!(
+            "is a {} slot of plugin {:?}, not a logical pgoutput slot",
+            row.slot_type, row.plugin
+        ))
+    } else if row.database.as_deref() != Some(database.as_str()) {
+        Some(format!(
+            "belongs to database {:?}, not {database:?}",
+            row.database
+        ))
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(SlotError::ForeignSlot {
+            slot: slot.to_owned(),
+            problem,
+        });
+    }
+    // An empty publication: logical messages reach the slot whatever the
+    // publication holds, and no table's changes are decoded for nothing.
+    let exists = one_text(
+        db,
+        &format!("SELECT count(*)::text AS value FROM pg_publication WHERE pubname = '{slot}'"),
+    )
+    .await?;
+    if exists == "0" {
+        let created = db
+            .execute_unprepared(&format!("CREATE PUBLICATION {slot}"))
+            .await;
+        if let Err(err) = created
+            && !err.to_string().contains("already exists")
+        {
+            return Err(err.into());
+        }
+    }
+    Ok(())
+}
+
+/// How long start-up waits for another process's slot creation to finish.
+const SLOT_CREATION_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits until `slot` decodes every transaction that commits from now on.
+/// A slot another process is still creating is listed before it is: its
+/// creation waits for the transactions running at its start to end, and
+/// events committed until then would never reach it. Its confirmed
+/// position appears once it is ready.
+async fn wait_consistent(db: &DatabaseConnection, slot: &str) -> Result<(), SlotError> {
+    let deadline = tokio::time::Instant::now() + SLOT_CREATION_WAIT;
+    loop {
+        let ready = one_text(
+            db,
+            &format!(
+                "SELECT (count(*) FILTER (WHERE confirmed_flush_lsn IS NOT NULL))::text AS value \
+                 FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ),
+        )
+        .await?;
+        if ready != "0" {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(SlotError::ForeignSlot {
+                slot: slot.to_owned(),
+                problem: format!(
+                    "has not become ready in {SLOT_CREATION_WAIT:?} (its creation waits for every transaction running when it began to end)"
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Drops the slot and its publication (`seawall relay --drop-slot`): the
+/// WAL it retained is freed, and events not yet relayed from it are gone.
+/// Returns whether a slot was dropped.
+///
+/// # Errors
+/// [`SlotError::SlotActive`] while a relay streams from it; the database
+/// error otherwise.
+pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, SlotError> {
+    let dropped = match slot_row(db, slot).await? {
+        Some(row) if row.active => return Err(SlotError::SlotActive(slot.to_owned())),
+        Some(_) => {
+            db.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_drop_replication_slot($1)",
+                [slot.into()],
+            ))
+            .await?;
+            true
+        }
+        None => false,
+    };
+    db.execute_unprepared(&format!("DROP PUBLICATION IF EXISTS {slot}"))
+        .await?;
+    // A new slot of the same name starts from its own creation.
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "DELETE FROM wal_relay_position WHERE slot = $1",
+        [slot.into()],
+    ))
+    .await?;
+    Ok(dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_names_follow_the_database() {
+        assert_eq!(
+            default_slot_name("postgres://u:p@h:5432/Orders-Prod?sslmode=require"),
+            "seawall_orders_prod"
+        );
+        assert!(valid_slot_name(&default_slot_name(
+            "postgres://h/t_0123456789abcdef0123456789abcdef"
+        )));
+        assert!(!valid_slot_name("Seawall"));
+        assert!(!valid_slot_name(&"a".repeat(64)));
+        assert!(!valid_slot_name("x; DROP TABLE y"));
+    }
+}
