@@ -209,3 +209,46 @@ fn an_unknown_key_in_the_domain_table_stops_startup_naming_it() {
     );
     fails_naming(&out, "no_such_domain_key");
 }
+
+#[test]
+fn durations_may_be_written_with_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
+    let file = dir.path().join("seawall.toml");
+    std::fs::write(
+        &file,
+        "inbox_retention_ms = \"9days\"\nstream_max_age_ms = \"7days\"\noutbox_retention_ms = 3600000\n",
+    )
+    .unwrap();
+    let migrated = seawall(&["migrate"], &[("SEAWALL_DATABASE_URL", &url)]);
+    assert!(migrated.status.success());
+    let out = seawall(
+        &["--config", file.to_str().unwrap(), "prune", "--dry-run"],
+        &[
+            ("SEAWALL_DATABASE_URL", &url),
+            ("SEAWALL_ACK_WAIT_MS", "30s"),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("\"inbox_retention_ms\":777600000"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\"outbox_retention_ms\":3600000"),
+        "{stdout}"
+    );
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_DATABASE_URL", &url),
+            ("SEAWALL_ACK_WAIT_MS", "30 fortnights"),
+        ],
+    );
+    fails_naming(&out, "ack_wait_ms");
+}
