@@ -1,14 +1,21 @@
 """seawall fault-injection soak: the whole platform as separate processes,
 broken on purpose while traffic flows, checked by an independent checker.
 
+The processes are `seawall-testbed` (tests/testbed/main.rs): the platform on
+the test kit's ledger domain (tests/kit/src/ledger.rs), not on the example
+domain, which a fork replaces. `ledger.record` messages are recorded by the
+`ledger` consumer (tables `ledger_entry` and `ledger_balance`), which emits a
+`ledger.recorded` event per entry; the `hook` consumer POSTs each event to a
+webhook through a two-phase claim. Stream `LEDGER` (`ledger.>`).
+
 Topology: PostgreSQL (from scripts/services), a 3-node NATS JetStream cluster
-on loopback with R3 streams, 4 `seawall consume` (the last one reaches
-PostgreSQL through this script's TCP proxy, which can cut a connection right
-after it forwards a COMMIT), 2 `seawall relay`, 1 `seawall api`, and a
-webhook receiver for the `notify` consumer's two-phase claims. Load comes from
-this script's own publisher (nats-py, not seawall's code). The checker reads
-PostgreSQL with psql and the stream with nats-py. Exits non-zero on any broken
-invariant.
+on loopback with R3 streams, 4 `seawall-testbed consume` (the last one
+reaches PostgreSQL through this script's TCP proxy, which can cut a
+connection right after it forwards a COMMIT), 2 `seawall-testbed relay`, 1
+`seawall-testbed api`, and a webhook receiver for the `hook` consumer's
+two-phase claims. Load comes from this script's own publisher (nats-py, not
+seawall's code). The checker reads PostgreSQL with psql and the stream with
+nats-py. Exits non-zero on any broken invariant.
 
 Faults: kill -9 of a consumer or relay; a NATS node stop; a PostgreSQL
 restart; SIGSTOP of a consumer past the ack wait; a kill -9 of a consumer
@@ -17,7 +24,7 @@ while it holds redeliveries (the last allowed ones under a low
 which one consumer's handler is slower than the ack wait; COMMITs cut by the
 proxy.
 
-    python3 scripts/soak.py --seawall target/release/seawall --messages 100000
+    python3 scripts/soak.py --testbed target/release/seawall-testbed --messages 100000
 """
 import argparse
 import asyncio
@@ -90,18 +97,23 @@ class Soak(Cluster, Faults, Failover, Load, Checks):
             self.wait_nats(i)
         await self.wait_cluster()
         self.log("nats", "3-node JetStream cluster up")
-        subprocess.run([a.seawall, "migrate"], env=self.env(), check=True, stdout=subprocess.DEVNULL)
-        # The first consumer provisions the R3 stream and the durable consumer.
+        # The first consumer, alone, creates the ledger's tables (the testbed
+        # does at start-up: they are no migration, so there is no `migrate`
+        # step), applies the migrations and provisions the R3 stream and the
+        # durable consumers. The others start once it has: two creating the
+        # same table at once can fail in PostgreSQL.
         self.spawn("consume1", "consume")
+        await self.wait_started(["consume1"], self.provisioned)
         self.spawn("api1", "api")
-        deadline = now() + 60
-        while not self.readyz() or not await self.stream_exists():
-            if now() > deadline:
-                raise RuntimeError("seawall did not come up")
-            await asyncio.sleep(0.2)
+        await self.wait_started(["consume1", "api1"], self.readyz)
         for name, cmd in [("consume2", "consume"), ("consume3", "consume"), ("consume4", "consume"), ("relay1", "relay"), ("relay2", "relay")]:
             self.spawn(name, cmd)
-        self.log("seawall", "4 consume, 2 relay, 1 api running")
+        # No fault before every process is past its start-up: the first one,
+        # the proxy cutting COMMITs, would otherwise cut consume4's migration
+        # transaction (the testbed creates its tables first, so it starts
+        # slower than `seawall` did) and stop it for the whole soak.
+        await self.wait_started(list(self.procs), lambda: all(self.running(n) for n in self.procs))
+        self.log("testbed", "4 consume, 2 relay, 1 api running")
         valid, malformed, missing = self.plan_messages()
         self.valid_total = len(valid)
         load_seconds = a.messages / a.rate
@@ -142,7 +154,8 @@ class Soak(Cluster, Faults, Failover, Load, Checks):
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seawall", required=True)
+    p.add_argument("--testbed", dest="binary", required=True,
+                   help="the seawall-testbed binary (the platform on the test kit's ledger domain)")
     p.add_argument("--nats-server", required=True)
     p.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:55432")
     p.add_argument("--pg-data", help="data directory of that cluster, for the restart fault")

@@ -1,5 +1,6 @@
 """The soak's servers and processes: a 3-node NATS JetStream cluster, the
-seawall processes, the TCP proxy that cuts COMMITs, the webhook receiver."""
+seawall-testbed processes (the platform on the test kit's ledger domain), the
+TCP proxy that cuts COMMITs, the webhook receiver."""
 import asyncio
 import os
 import signal
@@ -13,11 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import nats
 from nats.js.api import StreamConfig
 
-from soaklib.common import NATS_ERRORS, now
+from soaklib.common import HOOK_CONSUMER, LEDGER_CONSUMER, NATS_ERRORS, STREAM, now
 
 
 class Webhook:
-    """The notify consumer's receiver: answers 200 and remembers each
+    """The hook consumer's receiver: answers 200 and remembers each
     Idempotency-Key it saw."""
 
     def __init__(self, port):
@@ -103,9 +104,15 @@ class Cluster:
                     raise RuntimeError(f"JetStream cluster not ready: {e}")
                 await asyncio.sleep(0.5)
 
-    # ---- seawall processes ---------------------------------------------
+    # ---- seawall-testbed processes -------------------------------------
     def env(self, name=""):
-        env = dict(os.environ)
+        """The process's environment. Every SEAWALL_ variable set here is a
+        platform setting (src/config.rs `Settings`) or, SEAWALL_LOG, one of
+        its `NOT_SETTINGS`: the testbed refuses any other at start-up. The
+        domain's knobs are TESTBED_ ones, and only the soak's own: none is
+        inherited (a TESTBED_FAULT left in the caller's environment would
+        abort every process)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TESTBED_")}
         env.update({
             # The last consumer goes through the proxy that cuts COMMITs.
             "SEAWALL_DATABASE_URL": self.proxied_db_url if name == "consume4" else self.db_url,
@@ -119,7 +126,8 @@ class Cluster:
             "SEAWALL_RELAY_RETRY_MAX_MS": str(self.args.window_ms // 4),
             "SEAWALL_ACK_WAIT_MS": str(self.args.ack_wait_ms),
             "SEAWALL_MAX_DELIVER": str(self.args.max_deliver),
-            "SEAWALL_NOTIFY_WEBHOOK_URL": self.webhook.url,
+            # The ledger's `hook` consumer, a two-phase claim per recorded entry.
+            "TESTBED_WEBHOOK_URL": self.webhook.url,
             "SEAWALL_CLAIM_LEASE_MS": str(self.args.ack_wait_ms),
             "SEAWALL_STREAM_MAX_AGE_MS": "86400000",
             "SEAWALL_RELAY_POLL_MS": "200",
@@ -134,7 +142,7 @@ class Cluster:
         path = os.path.join(self.dir, f"{name}.log")
         log = open(path, "ab")
         self.logs[name] = path
-        self.procs[name] = subprocess.Popen([self.args.seawall, command], env=self.env(name), stdout=log, stderr=log)
+        self.procs[name] = subprocess.Popen([self.args.binary, command], env=self.env(name), stdout=log, stderr=log)
 
     def readyz(self):
         try:
@@ -208,14 +216,53 @@ class Cluster:
             p.wait()
         self.webhook.stop()
 
-    async def stream_exists(self):
+    async def wait_started(self, names, ready, timeout=60):
+        """Waits until `ready()` (a plain or a coroutine function) returns
+        true; fails at once, naming its log, when one of the processes
+        `names` exits (the testbed refusing its settings, say) rather than at
+        the timeout."""
+        deadline = now() + timeout
+        while True:
+            ok = ready()
+            if asyncio.iscoroutine(ok):
+                ok = await ok
+            if ok:
+                return
+            for name in names:
+                code = self.procs[name].poll()
+                if code is not None:
+                    raise RuntimeError(f"{name} exited with {code} while starting; see {self.logs[name]}")
+            if now() > deadline:
+                raise RuntimeError(f"{', '.join(names)} did not come up within {timeout} s; logs in {self.dir}")
+            await asyncio.sleep(0.2)
+
+    def running(self, name):
+        """The process is past its start-up (tables, migrations, NATS, the
+        stream): the line the platform's `serve` prints then."""
+        with open(self.logs[name], errors="replace") as f:
+            return "seawall is running" in f.read()
+
+    async def provisioned(self):
+        """The ledger's tables exist (the testbed creates them at start-up)
+        and so do the stream and both durable consumers."""
+        try:
+            tables = self.psql("SELECT to_regclass('ledger_entry') IS NOT NULL AND to_regclass('ledger_balance') IS NOT NULL")
+        except subprocess.CalledProcessError:
+            return False
+        if tables != [["t"]]:
+            return False
         try:
             nc = await nats.connect(servers=self.nats_url.split(","), connect_timeout=2)
+        except NATS_ERRORS:
+            return False
+        try:
             js = nc.jetstream()
-            await js.consumer_info("CREDITS", "credit")
-            await nc.close()
+            for consumer in (LEDGER_CONSUMER, HOOK_CONSUMER):
+                await js.consumer_info(STREAM, consumer)
             return True
         except NATS_ERRORS:
             return False
+        finally:
+            await nc.close()
 
 

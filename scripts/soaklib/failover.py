@@ -14,9 +14,9 @@
   so S stays around a second at the soak's rates.
 
 Each records its recovery times: until HAProxy routes writes to the new
-leader, until seawall's readyz answers 200, and until a credit committed after
-the fault is visible (processing resumed), unless every valid message was
-credited before the fault and nothing was left to resume.
+leader, until the testbed's readyz answers 200, and until a ledger entry
+committed after the fault is visible (processing resumed), unless every valid
+message was recorded before the fault and nothing was left to resume.
 """
 import json
 import os
@@ -95,9 +95,9 @@ class Failover:
         roles = sorted(role for role, state in members.values() if state in ("running", "streaming"))
         return roles == sorted(["leader", replica])
 
-    def credits(self):
+    def entries(self):
         try:
-            return int(self.psql("SELECT count(*) FROM credit")[0][0])
+            return int(self.psql("SELECT count(*) FROM ledger_entry")[0][0])
         except subprocess.CalledProcessError:
             return None
 
@@ -108,24 +108,24 @@ class Failover:
         self.recoveries.append((f"{fault}: writes routed to the new leader", routed))
         self.log("recovered", f"{fault}: HAProxy routes writes to port {new_port} after {routed} s")
         # Counted once the new leader answers, so a failed query is not
-        # taken for zero (the first credit would then look like a resumption).
-        before = self.wait_for("the credit count on the new leader", self.credits)
+        # taken for zero (the first entry would then look like a resumption).
+        before = self.wait_for("the entry count on the new leader", self.entries)
         self.wait_ready(fault, started)
         if not self.load_done():
-            # A fault late in the load can find every valid message credited
+            # A fault late in the load can find every valid message recorded
             # already (only the duplicates republished after the window are
-            # left, and they credit nothing): nothing is left to resume then.
+            # left, and they record nothing): nothing is left to resume then.
             def progress():
-                count = self.credits() or 0
+                count = self.entries() or 0
                 return count if count > before or count >= self.valid_total else None
 
-            if self.wait_for(f"a credit committed after the {fault}, or every valid message credited",
+            if self.wait_for(f"an entry committed after the {fault}, or every valid message recorded",
                              progress) == before:
-                self.log("recovered", f"{fault}: every valid message was credited before it; nothing to resume")
+                self.log("recovered", f"{fault}: every valid message was recorded before it; nothing to resume")
                 return
             resumed = round(now() - started, 2)
             self.recoveries.append((f"{fault}: processing resumed", resumed))
-            self.log("recovered", f"{fault}: credits committed again after {resumed} s")
+            self.log("recovered", f"{fault}: entries committed again after {resumed} s")
 
     def fault_switchover(self):
         self.wait_for("a healthy pair before the switchover", self.replica_in_sync, timeout=180)

@@ -4,7 +4,7 @@ import signal
 import subprocess
 import time
 
-from soaklib.common import PG_BIN, now
+from soaklib.common import PG_BIN, RECORDED_SUBJECT, now
 
 # One table: a fault's name on the command line, and the method that injects
 # it. "kill" is run --kills times; the others once each when named.
@@ -97,7 +97,7 @@ class Faults:
         for message_id, headers in rows:
             escaped = message_id.replace("'", "''").replace("\n", "' || chr(10) || '")
             self.psql("INSERT INTO outbox_message (message_id, subject, payload, headers, created_at, attempts, next_attempt_at) "
-                      f"VALUES ('{escaped}', 'credits.applied', '\\x7b7d', '{headers}', now(), 0, now())")
+                      f"VALUES ('{escaped}', '{RECORDED_SUBJECT}', '\\x7b7d', '{headers}', now(), 0, now())")
         self.poison_rows += len(rows)
         self.log("fault", f"{len(rows)} poison rows written into outbox_message")
         self.wait_ready("poison rows", started)
@@ -108,7 +108,8 @@ class Faults:
         name = self.frng.choice([n for n in self.procs if n.startswith("consume")])
         started = now()
         work_ms = self.args.ack_wait_ms + 1000
-        self.restart_with(name, {"SEAWALL_DEMO_WORK_MS": str(work_ms)})
+        # The ledger handler sleeps this long after its writes, inside its transaction.
+        self.restart_with(name, {"TESTBED_WORK_MS": str(work_ms)})
         self.log("fault", f"{name} handles each message in {work_ms} ms (ack wait {self.args.ack_wait_ms} ms)")
         time.sleep(2 * work_ms / 1000)
         self.restart_with(name, {})

@@ -1,11 +1,14 @@
 """The soak's load: which messages are valid, malformed or id-less (from the
-seed), and an independent nats-py publisher."""
+seed), and an independent nats-py publisher of `ledger.record` requests
+({"account_id": ..., "amount": ...}; the ledger's EntryRequest::parse rejects
+the malformed ones, truncated JSON, and accepts the valid ones: a non-empty
+account id, a positive amount)."""
 import asyncio
 import json
 
 import nats
 
-from soaklib.common import NATS_ERRORS, now
+from soaklib.common import NATS_ERRORS, RECORD_SUBJECT, now
 
 
 class Load:
@@ -60,7 +63,7 @@ class Load:
                 body = json.dumps({"account_id": self.account(i), "amount": self.amount(i)}).encode()
                 headers = {"Nats-Msg-Id": f"soak-{i}"} if kind == "valid" else {"x-soak": str(i)}
                 payload = body
-            await send("credits.requested", payload, headers)
+            await send(RECORD_SUBJECT, payload, headers)
             published += 1
             target = start + (k + 1) * interval
             delay = target - now()
@@ -72,7 +75,7 @@ class Load:
         again = self.rng.sample(valid, len(valid) // 5)
         for i in again:
             body = json.dumps({"account_id": self.account(i), "amount": self.amount(i)}).encode()
-            await send("credits.requested", body, {"Nats-Msg-Id": f"soak-{i}"})
+            await send(RECORD_SUBJECT, body, {"Nats-Msg-Id": f"soak-{i}"})
         self.log("republished", f"{len(again)} valid messages with the same ids after the duplicate window")
         await nc.close()
         return len(again)
