@@ -28,7 +28,7 @@ mod report;
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use pg::PgServer;
@@ -115,6 +115,13 @@ enum Scenario {
         #[arg(long, default_value_t = 20_000)]
         messages: u64,
     },
+    /// Prints BENCHMARKS.md from stored JSON reports (`--json` runs of the
+    /// scenarios), followed by `ANALYSIS.md` from the reports' directory.
+    Report {
+        /// The JSON reports.
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+    },
 }
 
 impl Scenario {
@@ -135,6 +142,7 @@ impl Scenario {
             },
             Self::Latency { .. } => Self::Latency { seconds: 1 },
             Self::E2e { .. } => Self::E2e { messages: 200 },
+            Self::Report { paths } => Self::Report { paths },
         }
     }
 
@@ -154,6 +162,7 @@ impl Scenario {
                 latency::run(pg, nats_url, seconds, bursts).await
             }
             Self::E2e { messages } => e2e::run(pg, nats_url, messages).await,
+            Self::Report { .. } => unreachable!("`report` measures nothing; main renders it"),
         }
     }
 }
@@ -171,6 +180,10 @@ async fn run() -> Result<()> {
     } else {
         cli.scenario
     };
+    if let Scenario::Report { paths } = &scenario {
+        print!("{}", render(paths)?);
+        return Ok(());
+    }
     let mut pg = PgServer::new(cli.pg_url);
     let report = scenario.run(&mut pg, &cli.nats_url, cli.smoke).await;
     pg.drop_created().await;
@@ -178,7 +191,30 @@ async fn run() -> Result<()> {
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.table());
+        print!("{}", report.section());
     }
     Ok(())
+}
+
+/// BENCHMARKS.md from the reports at `paths` and the `ANALYSIS.md` beside
+/// the first of them.
+fn render(paths: &[std::path::PathBuf]) -> Result<String> {
+    let mut reports = Vec::new();
+    for path in paths {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let report: Report = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{}: not a seawall-bench report; run scripts/bench to measure again",
+                path.display()
+            )
+        })?;
+        reports.push(report);
+    }
+    let analysis = paths
+        .first()
+        .and_then(|p| p.parent())
+        .map(|dir| dir.join("ANALYSIS.md"))
+        .and_then(|p| std::fs::read_to_string(p).ok());
+    Ok(report::document(&reports, analysis.as_deref()))
 }

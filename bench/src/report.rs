@@ -5,8 +5,12 @@
 //! `p95_ms`, `cpu_ms_per_1k_total`), so the JSON can be compared across runs
 //! and plotted without parsing text. Only the table printer turns figures
 //! into text, following the report's [`Column`]s; the JSON carries the same
-//! columns so that `scripts/bench-report.py` prints the same table.
+//! columns, so `seawall-bench report` renders BENCHMARKS.md from stored
+//! reports with this same printer ([`document`]).
 
+use std::fmt;
+
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 /// Digits kept after the decimal point in a stored figure: finer than any
@@ -53,6 +57,26 @@ impl Serialize for Figures {
     }
 }
 
+impl<'de> Deserialize<'de> for Figures {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = Figures;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of numbers")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Figures, A::Error> {
+                let mut figures = Vec::new();
+                while let Some(entry) = map.next_entry::<String, f64>()? {
+                    figures.push(entry);
+                }
+                Ok(Figures(figures))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
 /// One column of the printed table: a header and the figures it shows.
 ///
 /// A cell is one or more groups separated by ` / `; in a group the first key
@@ -60,7 +84,7 @@ impl Serialize for Figures {
 /// that CPU per message reads with its split between processes and next to a
 /// baseline's. Missing parts are skipped, a group without its total is
 /// skipped, and a cell with no group left prints `-`.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Column {
     /// What a reader sees above the column, with the unit in words.
     pub header: String,
@@ -123,7 +147,7 @@ impl Column {
 }
 
 /// One measured line.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Row {
     /// What was measured ("PostgreSQL, 16 workers").
     pub name: String,
@@ -132,7 +156,7 @@ pub struct Row {
 }
 
 /// A scenario's report.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     /// The scenario's command-line name.
     pub scenario: String,
@@ -188,35 +212,62 @@ impl Report {
         });
     }
 
-    /// The report as a Markdown table (pasteable into BENCHMARKS.md).
-    pub fn table(&self) -> String {
-        let mut out = format!("## seawall-bench {}\n\n", self.scenario);
+    /// The report's section of BENCHMARKS.md: the command, the machine,
+    /// the setup, the table and the notes. `seawall-bench <scenario>`
+    /// prints it, and [`document`] puts the stored reports' together.
+    pub fn section(&self) -> String {
+        let name = &self.scenario;
+        let mut out = format!("## {name}\n\n");
+        out += &format!("Command: `seawall-bench {name}` (with `--json` for the raw report)\n\n");
         let versions: Vec<String> = self
             .versions
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        out += &format!("machine: {} cores; {}\n", self.cores, versions.join(", "));
+        out += &format!("Machine: {} cores; {}\n\n", self.cores, versions.join(", "));
         for (k, v) in &self.setup {
-            out += &format!("{k}: {v}\n");
+            out += &format!("- {k}: {v}\n");
         }
         out.push('\n');
-        if self.rows.is_empty() {
-            out += "(no rows)\n";
-            return out;
-        }
-        let headers: Vec<&str> = self.columns.iter().map(|c| c.header.as_str()).collect();
-        out += &format!("| | {} |\n", headers.join(" | "));
-        out += &format!("|---|{}|\n", vec!["---"; headers.len()].join("|"));
-        for row in &self.rows {
-            let cells: Vec<String> = self.columns.iter().map(|c| c.cell(&row.figures)).collect();
-            out += &format!("| {} | {} |\n", row.name, cells.join(" | "));
+        if !self.rows.is_empty() {
+            let headers: Vec<&str> = self.columns.iter().map(|c| c.header.as_str()).collect();
+            out += &format!("| | {} |\n", headers.join(" | "));
+            out += &format!("|---|{}|\n", vec!["---"; headers.len()].join("|"));
+            for row in &self.rows {
+                let cells: Vec<String> =
+                    self.columns.iter().map(|c| c.cell(&row.figures)).collect();
+                out += &format!("| {} | {} |\n", row.name, cells.join(" | "));
+            }
+            out.push('\n');
         }
         for note in &self.notes {
-            out += &format!("\n{note}\n");
+            out += &format!("{note}\n\n");
         }
         out
     }
+}
+
+/// The order of the scenarios in BENCHMARKS.md.
+const ORDER: [&str; 6] = ["inbox", "relay", "relay-memory", "latency", "e2e", "api"];
+
+/// BENCHMARKS.md from stored reports (`seawall-bench <scenario> --json`),
+/// in [`ORDER`], followed by the `analysis` written by hand, if any.
+pub fn document(reports: &[Report], analysis: Option<&str>) -> String {
+    let mut out = String::from("# seawall benchmarks\n\n");
+    out += "Measured with `scripts/bench` (release build) on this project's CI machine kind; \
+            every figure below was produced by the command named above its table, and \
+            `seawall-bench report bench-results/*.json` regenerates this file.\n\n";
+    for name in ORDER {
+        // The last report of a scenario wins, as a later run replaces it.
+        if let Some(report) = reports.iter().rev().find(|r| r.scenario == name) {
+            out += &report.section();
+        }
+    }
+    if let Some(analysis) = analysis {
+        out += analysis;
+        out.push('\n');
+    }
+    out
 }
 
 /// The `q` quantile (0..=1) of sorted samples; NaN (left out of the report)
