@@ -1,6 +1,6 @@
-//! The demo `notify` consumer POSTs
-//! `credits.applied` events to a webhook through a claim, in `seawall consume`
-//! processes that crash at the fault points.
+//! The ledger's `hook` consumer POSTs `ledger.recorded` events to a webhook
+//! through a claim, in `seawall-testbed consume` processes that crash at the
+//! fault points.
 
 use std::time::Duration;
 
