@@ -28,6 +28,7 @@
 //! - [`trace`]: W3C trace context through the outbox.
 //! - [`journey`]: what the database knows of a message and what it caused.
 //! - [`db`]: opening a database with the settings the inbox relies on.
+//! - [`millis`]: `*_ms` settings written as milliseconds or with units.
 
 pub mod admin;
 pub mod backoff;
@@ -42,6 +43,7 @@ pub mod executor;
 pub mod handler;
 pub mod inbox;
 pub mod journey;
+pub mod millis;
 pub mod outbox;
 pub mod registry;
 pub mod relay;

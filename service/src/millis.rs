@@ -1,7 +1,8 @@
-//! The `*_ms` settings: a number of milliseconds, as always, or a duration
-//! with units (`"30s"`, `"15m"`, `"7days"`, `"1h 30m"`), which reads better
-//! for the long ones (retention, stream age) and cannot be off by a factor
-//! of 1,000.
+//! `*_ms` settings, the platform's and a domain's: a number of
+//! milliseconds, as always, or a duration with units (`"30s"`, `"15m"`,
+//! `"7days"`, `"1h 30m"`), which reads better for the long ones (retention,
+//! stream age) and cannot be off by a factor of 1,000. Use it with
+//! `#[serde(deserialize_with = "service::millis::deserialize")]`.
 
 use std::fmt;
 
@@ -34,6 +35,11 @@ fn parse(text: &str) -> Result<u64, String> {
     let duration = humantime::parse_duration(text).map_err(|e| {
         format!("{text:?} is neither milliseconds nor a duration such as \"30s\" or \"15m\": {e}")
     })?;
+    // A part of a millisecond would be dropped in silence, and "500us"
+    // would become 0, which some keys read as "forever".
+    if duration.subsec_nanos() % 1_000_000 != 0 {
+        return Err(format!("{text:?} is not a whole number of milliseconds"));
+    }
     u64::try_from(duration.as_millis()).map_err(|_| format!("{text:?} is too long"))
 }
 
@@ -94,6 +100,8 @@ mod tests {
         assert_eq!(parse("7days"), Ok(7 * 24 * 3_600_000));
         assert_eq!(parse("250ms"), Ok(250));
         assert!(parse("soon").is_err());
+        assert!(parse("500us").is_err());
+        assert!(parse("1.5ms").is_err());
         assert!(parse("-5s").is_err());
     }
 }

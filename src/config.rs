@@ -10,8 +10,6 @@ use service::claim::ClaimPolicy;
 use service::retention::{BrokerSettings, PruneConfig, check_inbox_retention};
 use service::sweep::SweepPolicy;
 
-mod millis;
-
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -40,40 +38,40 @@ pub struct Settings {
     /// A read replica of `database_url` for the admin API's lists, details
     /// and stats; its writes still go to `database_url`.
     pub admin_database_url: Option<String>,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub ack_wait_ms: u64,
     pub max_deliver: i64,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub max_handling_ms: u64,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub duplicate_window_ms: u64,
     pub webhook_ca_file: Option<std::path::PathBuf>,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub relay_lease_ms: u64,
     pub relay_batch_size: u64,
     pub relay_concurrency: usize,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub relay_poll_ms: u64,
     pub relay_max_attempts: u64,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub relay_retry_max_ms: u64,
     pub consumer_concurrency: usize,
     pub stream_replicas: usize,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub stream_max_age_ms: u64,
-    #[serde(default, deserialize_with = "millis::option")]
+    #[serde(default, deserialize_with = "service::millis::option")]
     pub inbox_retention_ms: Option<u64>,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub retention_margin_ms: u64,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub outbox_retention_ms: u64,
     pub allow_short_retention: bool,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub prune_interval_ms: u64,
     pub prune_batch_size: u64,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub sweep_interval_ms: u64,
-    #[serde(deserialize_with = "millis::deserialize")]
+    #[serde(deserialize_with = "service::millis::deserialize")]
     pub claim_lease_ms: u64,
     pub claim_max_attempts: u64,
     /// Where events are recorded: `table` rows, or the PostgreSQL `wal`.
@@ -274,7 +272,10 @@ fn check_environment(
     domain: &[String],
 ) -> Result<(), ConfigError> {
     for var in vars {
-        let Some(rest) = var.strip_prefix("SEAWALL_") else {
+        // The environment provider matches the prefix in any case, so this
+        // check does too.
+        let upper = var.to_uppercase();
+        let Some(rest) = upper.strip_prefix("SEAWALL_") else {
             continue;
         };
         let key = rest.to_lowercase();
@@ -666,7 +667,7 @@ mod tests {
 
     /// The README's configuration reference, between its heading and the next.
     fn reference() -> &'static str {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../README.md");
         let start = readme
             .find("## Configuration")
             .expect("the README has a configuration reference");
@@ -719,5 +720,8 @@ mod tests {
         ));
         // `domain` holds the file's table; it is not a variable.
         assert!(check(&["SEAWALL_DOMAIN"]).is_err());
+        // The prefix is matched in any case, as the environment provider does.
+        assert!(check(&["seawall_relay_batchsize"]).is_err());
+        assert!(check(&["seawall_relay_batch_size", "SEAWALL_config"]).is_ok());
     }
 }
