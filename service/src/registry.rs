@@ -87,7 +87,7 @@ impl Registry {
         P: FromPayload,
         F: for<'a> HandlerFn<'a, P> + 'static,
     {
-        self.register_handler(consumer, subject, from_fn(handler))
+        self.push(consumer, subject, Arc::new(from_fn(handler)))
     }
 
     /// [`Registry::register`] for a function that also takes `state` built
@@ -105,13 +105,13 @@ impl Registry {
         P: FromPayload,
         F: for<'a> StatefulHandlerFn<'a, S, P> + 'static,
     {
-        self.register_handler(consumer, subject, from_fn_with(state, handler))
+        self.push(consumer, subject, Arc::new(from_fn_with(state, handler)))
     }
 
     /// Registers a [`Handle`] implementation (one that reads the raw
     /// envelope, or returns a value its direct callers use).
     pub fn register_handler<T, H>(
-        mut self,
+        self,
         consumer: ConsumerName,
         subject: impl Into<String>,
         handler: H,
@@ -120,10 +120,22 @@ impl Registry {
         T: Send + 'static,
         H: Handle<T> + 'static,
     {
+        self.push(consumer, subject, Arc::new(Discard::new(handler)))
+    }
+
+    /// Adds a transactional consumer. Functions registered with
+    /// [`Registry::register`] already return `()`, so they skip the
+    /// [`Discard`] adapter (and its second boxed future per message).
+    fn push(
+        mut self,
+        consumer: ConsumerName,
+        subject: impl Into<String>,
+        handler: Arc<dyn Handle<()>>,
+    ) -> Self {
         self.registrations.push(Registration {
             consumer,
             subject: subject.into(),
-            kind: HandlerKind::Transaction(Arc::new(Discard::new(handler))),
+            kind: HandlerKind::Transaction(handler),
         });
         self
     }

@@ -3,27 +3,16 @@
 
 use std::process::Output;
 
+use crate::support::{fails_naming, seawall_output};
+
 fn migrate(file_text: &str, env: &[(&str, &str)]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
     let file = dir.path().join("seawall.toml");
     std::fs::write(&file, file_text).unwrap();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
-    cmd.args(["--config", file.to_str().unwrap(), "migrate"])
-        .env("SEAWALL_DATABASE_URL", &url);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run seawall")
-}
-
-fn fails_naming(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure");
-    assert!(
-        stderr.contains(needle),
-        "stderr should name {needle}: {stderr}"
-    );
+    let mut all = vec![("SEAWALL_DATABASE_URL", url.as_str())];
+    all.extend_from_slice(env);
+    seawall_output(&["--config", file.to_str().unwrap(), "migrate"], &all)
 }
 
 #[test]

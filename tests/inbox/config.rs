@@ -2,24 +2,7 @@
 
 use std::process::Output;
 
-fn seawall(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run seawall")
-}
-
-fn fails_naming(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure");
-    assert!(
-        stderr.contains(needle),
-        "stderr should name {needle}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
+use crate::support::{fails_naming, seawall_output as seawall};
 
 #[test]
 fn a_non_numeric_setting_stops_startup_naming_the_key() {

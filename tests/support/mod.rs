@@ -201,6 +201,28 @@ pub async fn charted(db: &DatabaseConnection) -> (u64, u64) {
         .fold((0, 0), |(p, q), m| (p + m.published, q + m.processed))
 }
 
+/// Runs the `seawall` binary to its end with `args` and extra environment
+/// variables, for start-up checks that never reach a server.
+pub fn seawall_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run seawall")
+}
+
+/// Asserts that a run failed, named `needle` on stderr, and did not panic.
+pub fn fails_naming(out: &std::process::Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure");
+    assert!(
+        stderr.contains(needle),
+        "stderr should name {needle}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// Generates one `#[tokio::test]` per listed backend, calling `$body(Backend)`.
 #[macro_export]
 macro_rules! on_backends {
