@@ -60,8 +60,8 @@ pub struct DeadLetterDetail {
     pub headers: serde_json::Value,
 }
 
-impl From<dead_letter::Model> for DeadLetterRow {
-    fn from(m: dead_letter::Model) -> Self {
+impl From<dead_letter::Summary> for DeadLetterRow {
+    fn from(m: dead_letter::Summary) -> Self {
         Self {
             id: m.id,
             consumer: m.consumer,
@@ -113,7 +113,7 @@ pub async fn get_dead_letter(
     let (payload, payload_encoding) = encode_payload(&m.payload);
     let headers = m.headers.clone();
     Ok(Json(DeadLetterDetail {
-        row: m.into(),
+        row: dead_letter::Summary::from(m).into(),
         payload,
         payload_encoding,
         headers,
@@ -152,7 +152,7 @@ pub async fn replay_dead_letter(
             ReplayError::Database(db) => db.into(),
             _ => ApiError::Conflict(e.to_string()),
         })?;
-    Ok(Json(row.into()))
+    Ok(Json(dead_letter::Summary::from(row).into()))
 }
 
 fn no_broker() -> ApiError {

@@ -89,7 +89,7 @@ impl From<InboxState> for ClaimState {
 }
 
 pub(crate) fn row(
-    m: inbox_message::Model,
+    m: inbox_message::Summary,
     now: DateTime<Utc>,
     reason: Option<&ClaimReason>,
 ) -> InboxRow {
@@ -151,10 +151,11 @@ pub async fn release_claim(
 ) -> Result<Json<InboxRow>, ApiError> {
     match service::claim::release(&state.db, id).await? {
         Release::Released(m) => {
+            let m = inbox_message::Summary::from(*m);
             let now = Utc::now();
-            let reasons = stuck::claim_reasons(&state.db, std::slice::from_ref(&*m), now).await?;
+            let reasons = stuck::claim_reasons(&state.db, std::slice::from_ref(&m), now).await?;
             let reason = reasons.get(&m.id).cloned();
-            Ok(Json(row(*m, now, reason.as_ref())))
+            Ok(Json(row(m, now, reason.as_ref())))
         }
         Release::NotFound => Err(ApiError::NotFound(format!("no inbox marker with id {id}"))),
         Release::Processed => Err(ApiError::Conflict(format!(

@@ -119,7 +119,7 @@ impl From<OutboxStatus> for OutboxState {
 }
 
 impl OutboxRow {
-    pub(crate) fn new(m: outbox_message::Model, reason: Option<&OutboxReason>) -> Self {
+    pub(crate) fn new(m: outbox_message::Summary, reason: Option<&OutboxReason>) -> Self {
         Self {
             reason: reason.map(Reason::from),
             status: OutboxState::of(&m).into(),
@@ -186,7 +186,7 @@ pub async fn list_outbox(
 /// The row as the API shows it, with why it is not moving.
 async fn with_reason(
     db: &DatabaseConnection,
-    m: outbox_message::Model,
+    m: outbox_message::Summary,
 ) -> Result<OutboxRow, ApiError> {
     let reasons = stuck::outbox_reasons(db, std::slice::from_ref(&m), Utc::now()).await?;
     let reason = reasons.get(&m.id).cloned();
@@ -210,7 +210,7 @@ pub async fn get_outbox(
     let (payload, payload_encoding) = encode_payload(&m.payload);
     let headers = m.headers.clone();
     Ok(Json(OutboxDetail {
-        row: with_reason(state.reads(), m).await?,
+        row: with_reason(state.reads(), m.into()).await?,
         payload,
         payload_encoding,
         headers,
@@ -236,7 +236,7 @@ pub async fn retry_outbox(
     };
     retry(&state, &one).await?;
     Ok(Json(
-        with_reason(&state.db, find(&state.db, id).await?).await?,
+        with_reason(&state.db, find(&state.db, id).await?.into()).await?,
     ))
 }
 

@@ -21,6 +21,36 @@ pub struct Model {
     pub replayed_at: Option<DateTimeUtc>,
 }
 
+/// A dead letter without its message's payload and headers: what lists and
+/// journeys read (see [`crate::outbox_message::Summary`]).
+#[derive(Clone, Debug, PartialEq, Eq, DerivePartialModel)]
+#[sea_orm(entity = "Entity")]
+pub struct Summary {
+    pub id: i64,
+    pub consumer: String,
+    pub message_id: Option<String>,
+    pub subject: String,
+    pub error: String,
+    pub deliveries: i32,
+    pub created_at: DateTimeUtc,
+    pub replayed_at: Option<DateTimeUtc>,
+}
+
+impl From<Model> for Summary {
+    fn from(m: Model) -> Self {
+        Self {
+            id: m.id,
+            consumer: m.consumer,
+            message_id: m.message_id,
+            subject: m.subject,
+            error: m.error,
+            deliveries: m.deliveries,
+            created_at: m.created_at,
+            replayed_at: m.replayed_at,
+        }
+    }
+}
+
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
 pub enum Relation {}
 

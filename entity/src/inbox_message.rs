@@ -29,6 +29,44 @@ pub struct Model {
     pub payload: Option<Vec<u8>>,
 }
 
+/// A marker without the payload a claim keeps: what lists, journeys and the
+/// stuck-claim explanations read (see [`crate::outbox_message::Summary`]).
+#[derive(Clone, Debug, PartialEq, Eq, DerivePartialModel)]
+#[sea_orm(entity = "Entity")]
+pub struct Summary {
+    pub id: i64,
+    pub message_id: String,
+    pub consumer: String,
+    pub received_at: DateTimeUtc,
+    pub processed_at: Option<DateTimeUtc>,
+    pub claimed_by: Option<String>,
+    pub claimed_at: Option<DateTimeUtc>,
+    pub lease_until: Option<DateTimeUtc>,
+    pub attempts: i32,
+    pub result: Option<String>,
+    pub quarantined_at: Option<DateTimeUtc>,
+    pub subject: Option<String>,
+}
+
+impl From<Model> for Summary {
+    fn from(m: Model) -> Self {
+        Self {
+            id: m.id,
+            message_id: m.message_id,
+            consumer: m.consumer,
+            received_at: m.received_at,
+            processed_at: m.processed_at,
+            claimed_by: m.claimed_by,
+            claimed_at: m.claimed_at,
+            lease_until: m.lease_until,
+            attempts: m.attempts,
+            result: m.result,
+            quarantined_at: m.quarantined_at,
+            subject: m.subject,
+        }
+    }
+}
+
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
 pub enum Relation {}
 

@@ -38,6 +38,52 @@ pub struct Model {
     pub correlation_id: Option<String>,
 }
 
+/// A row without its payload and headers: what lists, journeys and the
+/// stuck-row explanations read. A page of 500 rows of a few megabytes each
+/// would otherwise read gigabytes to show ids and states; only the detail
+/// view reads the whole [`Model`].
+#[derive(Clone, Debug, PartialEq, Eq, DerivePartialModel)]
+#[sea_orm(entity = "Entity")]
+pub struct Summary {
+    pub id: i64,
+    pub message_id: String,
+    pub subject: String,
+    pub ordering_key: Option<String>,
+    pub created_at: DateTimeUtc,
+    pub published_at: Option<DateTimeUtc>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub next_attempt_at: DateTimeUtc,
+    pub locked_by: Option<String>,
+    pub locked_until: Option<DateTimeUtc>,
+    pub dead_at: Option<DateTimeUtc>,
+    pub causation_id: Option<String>,
+    pub causation_consumer: Option<String>,
+    pub correlation_id: Option<String>,
+}
+
+impl From<Model> for Summary {
+    fn from(m: Model) -> Self {
+        Self {
+            id: m.id,
+            message_id: m.message_id,
+            subject: m.subject,
+            ordering_key: m.ordering_key,
+            created_at: m.created_at,
+            published_at: m.published_at,
+            attempts: m.attempts,
+            last_error: m.last_error,
+            next_attempt_at: m.next_attempt_at,
+            locked_by: m.locked_by,
+            locked_until: m.locked_until,
+            dead_at: m.dead_at,
+            causation_id: m.causation_id,
+            causation_consumer: m.causation_consumer,
+            correlation_id: m.correlation_id,
+        }
+    }
+}
+
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
 pub enum Relation {}
 

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic,
-    Iterable, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, PartialModelTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 
 use entity::{dead_letter, inbox_message, outbox_message};
@@ -82,65 +82,23 @@ fn and_eq(cond: Condition, column: impl ColumnTrait, value: Option<&str>) -> Con
     }
 }
 
-/// A column a list page leaves empty: the message a row carries. A page of
-/// 500 dead letters or events of a few megabytes each would otherwise read
-/// gigabytes to show ids and states; the detail endpoints read it.
-#[derive(Debug, Clone, Copy)]
-enum Omit {
-    /// Bytes, read as empty.
-    Bytes(&'static str),
-    /// Nullable bytes, read as null.
-    NullBytes(&'static str),
-    /// A JSON object, read as `{}`.
-    Json(&'static str),
-}
-
-impl Omit {
-    fn column(self) -> &'static str {
-        match self {
-            Self::Bytes(c) | Self::NullBytes(c) | Self::Json(c) => c,
-        }
-    }
-
-    /// What the select reads in the column's place, typed as the column.
-    fn stand_in(self, backend: DbBackend) -> &'static str {
-        match (self, backend) {
-            (Self::Bytes(_), DbBackend::Postgres) => "''::bytea",
-            (Self::Bytes(_), DbBackend::MySql) => "CAST('' AS BINARY)",
-            (Self::Bytes(_), _) => "X''",
-            (Self::NullBytes(_), DbBackend::Postgres) => "NULL::bytea",
-            (Self::NullBytes(_), _) => "NULL",
-            (Self::Json(_), DbBackend::Postgres) => "'{}'::json",
-            (Self::Json(_), _) => "'{}'",
-        }
-    }
-}
-
-/// Up to `cursor.limit + 1` rows of `E` matching `cond`, newest first, with
-/// the `omit` columns left empty.
-async fn newest_first<E: EntityTrait>(
+/// Up to `cursor.limit + 1` rows of `E` matching `cond`, newest first, read
+/// as the partial model `P` (a list never reads the messages rows carry).
+async fn newest_first<E: EntityTrait, P: PartialModelTrait + Send + Sync>(
     db: &DatabaseConnection,
     cond: Condition,
     id: E::Column,
     cursor: Cursor,
-    omit: &[Omit],
-) -> Result<Vec<E::Model>, DbErr> {
+) -> Result<Vec<P>, DbErr> {
     let cond = match cursor.after {
         Some(after) => cond.add(id.lt(after)),
         None => cond,
     };
-    let backend = db.get_database_backend();
-    let mut select = E::find().select_only();
-    for column in E::Column::iter() {
-        select = match omit.iter().find(|o| o.column() == column.as_str()) {
-            Some(o) => select.column_as(Expr::cust(o.stand_in(backend)), column.as_str()),
-            None => select.column(column),
-        };
-    }
-    select
+    E::find()
         .filter(cond)
         .order_by_desc(id)
         .limit(cursor.limit.saturating_add(1))
+        .into_partial_model::<P>()
         .all(db)
         .await
 }
@@ -176,7 +134,7 @@ impl OutboxFilter {
 }
 
 /// A page of outbox rows matching `filter`, newest first, without their
-/// payloads and headers (see [`outbox_row`]).
+/// payloads and headers (see [`outbox_row`] for a whole row).
 ///
 /// # Errors
 /// Database errors.
@@ -184,13 +142,12 @@ pub async fn outbox_rows(
     db: &DatabaseConnection,
     filter: &OutboxFilter,
     cursor: Cursor,
-) -> Result<Vec<outbox_message::Model>, DbErr> {
-    newest_first::<outbox_message::Entity>(
+) -> Result<Vec<outbox_message::Summary>, DbErr> {
+    newest_first::<outbox_message::Entity, _>(
         db,
         filter.condition(),
         outbox_message::Column::Id,
         cursor,
-        &[Omit::Bytes("payload"), Omit::Json("headers")],
     )
     .await
 }
@@ -261,7 +218,7 @@ pub async fn markers(
     filter: &MarkerFilter,
     cursor: Cursor,
     now: DateTime<Utc>,
-) -> Result<Vec<inbox_message::Model>, DbErr> {
+) -> Result<Vec<inbox_message::Summary>, DbErr> {
     use inbox_message::Column;
     let mut cond = Condition::all();
     if let Some(state) = filter.state {
@@ -269,14 +226,7 @@ pub async fn markers(
     }
     let cond = and_eq(cond, Column::Consumer, filter.consumer.as_deref());
     let cond = and_eq(cond, Column::MessageId, filter.message_id.as_deref());
-    newest_first::<inbox_message::Entity>(
-        db,
-        cond,
-        Column::Id,
-        cursor,
-        &[Omit::NullBytes("payload")],
-    )
-    .await
+    newest_first::<inbox_message::Entity, _>(db, cond, Column::Id, cursor).await
 }
 
 /// Which dead letters; every field narrows.
@@ -297,7 +247,7 @@ pub async fn dead_letters(
     db: &DatabaseConnection,
     filter: &DeadLetterFilter,
     cursor: Cursor,
-) -> Result<Vec<dead_letter::Model>, DbErr> {
+) -> Result<Vec<dead_letter::Summary>, DbErr> {
     use dead_letter::Column;
     let mut cond = and_eq(
         Condition::all(),
@@ -309,14 +259,7 @@ pub async fn dead_letters(
         Some(false) => cond = cond.add(Column::ReplayedAt.is_null()),
         None => {}
     }
-    newest_first::<dead_letter::Entity>(
-        db,
-        cond,
-        Column::Id,
-        cursor,
-        &[Omit::Bytes("payload"), Omit::Json("headers")],
-    )
-    .await
+    newest_first::<dead_letter::Entity, _>(db, cond, Column::Id, cursor).await
 }
 
 /// One dead letter.

@@ -22,11 +22,11 @@ pub struct Step {
     /// The message.
     pub message_id: String,
     /// Its outbox row, when a seawall handler (or producer) wrote it here.
-    pub event: Option<outbox_message::Model>,
+    pub event: Option<outbox_message::Summary>,
     /// Each consumer's marker for it.
-    pub markers: Vec<inbox_message::Model>,
+    pub markers: Vec<inbox_message::Summary>,
     /// Where consumers gave up on it.
-    pub dead_letters: Vec<dead_letter::Model>,
+    pub dead_letters: Vec<dead_letter::Summary>,
 }
 
 /// A message and the events it caused, one level down.
@@ -55,12 +55,14 @@ impl Journey {
 pub async fn message(db: &DatabaseConnection, message_id: &str) -> Result<Journey, DbErr> {
     let own = outbox_message::Entity::find()
         .filter(outbox_message::Column::MessageId.eq(message_id))
+        .into_partial_model::<outbox_message::Summary>()
         .all(db)
         .await?;
     let caused = outbox_message::Entity::find()
         .filter(outbox_message::Column::CausationId.eq(message_id))
         .order_by_asc(outbox_message::Column::Id)
         .limit(MAX_STEPS)
+        .into_partial_model::<outbox_message::Summary>()
         .all(db)
         .await?;
     let mut steps = steps(
@@ -90,6 +92,7 @@ pub async fn correlation(
         .filter(outbox_message::Column::CorrelationId.eq(correlation_id))
         .order_by_asc(outbox_message::Column::Id)
         .limit(MAX_STEPS)
+        .into_partial_model::<outbox_message::Summary>()
         .all(db)
         .await?;
     let mut steps = steps(db, events, Some(correlation_id)).await?;
@@ -106,11 +109,11 @@ pub async fn correlation(
 /// their markers and dead letters (two queries).
 async fn steps(
     db: &DatabaseConnection,
-    events: Vec<outbox_message::Model>,
+    events: Vec<outbox_message::Summary>,
     first: Option<&str>,
 ) -> Result<Vec<Step>, DbErr> {
     let mut order: Vec<String> = first.map(str::to_owned).into_iter().collect();
-    let mut by_id: HashMap<String, outbox_message::Model> = HashMap::new();
+    let mut by_id: HashMap<String, outbox_message::Summary> = HashMap::new();
     for event in events {
         if !order.contains(&event.message_id) {
             order.push(event.message_id.clone());
@@ -120,11 +123,13 @@ async fn steps(
     let markers = inbox_message::Entity::find()
         .filter(inbox_message::Column::MessageId.is_in(order.iter().map(String::as_str)))
         .order_by_asc(inbox_message::Column::Id)
+        .into_partial_model::<inbox_message::Summary>()
         .all(db)
         .await?;
     let letters = dead_letter::Entity::find()
         .filter(dead_letter::Column::MessageId.is_in(order.iter().map(String::as_str)))
         .order_by_asc(dead_letter::Column::Id)
+        .into_partial_model::<dead_letter::Summary>()
         .all(db)
         .await?;
     Ok(order

@@ -23,7 +23,7 @@ pub enum OutboxState {
 
 impl OutboxState {
     /// The state of `row`.
-    pub fn of(row: &outbox_message::Model) -> Self {
+    pub fn of(row: &outbox_message::Summary) -> Self {
         if row.published_at.is_some() {
             Self::Published
         } else if row.dead_at.is_some() {
@@ -67,7 +67,7 @@ pub enum ClaimState {
 
 impl ClaimState {
     /// The state of `row` at `now`.
-    pub fn of(row: &inbox_message::Model, now: DateTime<Utc>) -> Self {
+    pub fn of(row: &inbox_message::Summary, now: DateTime<Utc>) -> Self {
         if row.processed_at.is_some() {
             Self::Processed
         } else if row.quarantined_at.is_some() {

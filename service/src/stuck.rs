@@ -194,7 +194,7 @@ struct Head {
 }
 
 impl Head {
-    fn of(row: &outbox_message::Model) -> Self {
+    fn of(row: &outbox_message::Summary) -> Self {
         Self {
             id: row.id,
             subject: row.subject.clone(),
@@ -246,7 +246,7 @@ impl Head {
 /// Database errors.
 pub async fn outbox_reasons(
     db: &DatabaseConnection,
-    rows: &[outbox_message::Model],
+    rows: &[outbox_message::Summary],
     now: DateTime<Utc>,
 ) -> Result<HashMap<i64, OutboxReason>, DbErr> {
     let heads = key_heads(db, rows).await?;
@@ -280,7 +280,7 @@ pub async fn outbox_reasons(
 /// The earliest pending row of each ordering key among `rows`' pending ones.
 async fn key_heads(
     db: &DatabaseConnection,
-    rows: &[outbox_message::Model],
+    rows: &[outbox_message::Summary],
 ) -> Result<HashMap<String, Head>, DbErr> {
     use outbox_message::Column;
     let keys: HashSet<&str> = rows
@@ -328,10 +328,10 @@ async fn key_heads(
 /// Database errors.
 pub async fn claim_reasons(
     db: &DatabaseConnection,
-    rows: &[inbox_message::Model],
+    rows: &[inbox_message::Summary],
     now: DateTime<Utc>,
 ) -> Result<HashMap<i64, ClaimReason>, DbErr> {
-    let quarantined: Vec<&inbox_message::Model> = rows
+    let quarantined: Vec<&inbox_message::Summary> = rows
         .iter()
         .filter(|r| ClaimState::of(r, now) == ClaimState::Quarantined)
         .collect();
@@ -353,7 +353,7 @@ pub async fn claim_reasons(
             .all(db)
             .await?
     };
-    let letter_of = |row: &inbox_message::Model| {
+    let letter_of = |row: &inbox_message::Summary| {
         letters
             .iter()
             .filter(|(_, consumer, id)| {

@@ -60,8 +60,8 @@ async fn list_pages_read_no_payload(backend: Backend) {
         .unwrap();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].message_id, "big-event");
-    assert!(events[0].payload.is_empty(), "no payload on the page");
-    assert_eq!(events[0].headers, serde_json::json!({}));
+    // A page's rows are `Summary` models: the type has no payload or
+    // headers, so none can be read (or mistaken for an empty one).
     let detail = admin::outbox_row(&t.db, event_id).await.unwrap().unwrap();
     assert_eq!(detail.payload.len(), 1 << 20, "the detail reads it");
 
@@ -70,15 +70,12 @@ async fn list_pages_read_no_payload(backend: Backend) {
         .unwrap();
     assert_eq!(markers.len(), 1);
     assert_eq!(markers[0].message_id, "big-claim");
-    assert_eq!(markers[0].payload, None, "no claimed message on the page");
 
     let letters = admin::dead_letters(&t.db, &DeadLetterFilter::default(), page)
         .await
         .unwrap();
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].error, "malformed");
-    assert!(letters[0].payload.is_empty(), "no payload on the page");
-    assert_eq!(letters[0].headers, serde_json::json!({}));
     let detail = admin::dead_letter(&t.db, letter_id).await.unwrap().unwrap();
     assert_eq!(detail.payload.len(), 1 << 20, "the detail reads it");
 }

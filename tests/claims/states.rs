@@ -62,7 +62,11 @@ async fn states_agree(backend: Backend) {
         .await
         .unwrap();
 
-    let rows = inbox_message::Entity::find().all(&t.db).await.unwrap();
+    let rows = inbox_message::Entity::find()
+        .into_partial_model::<inbox_message::Summary>()
+        .all(&t.db)
+        .await
+        .unwrap();
     let states = [
         ClaimState::Processed,
         ClaimState::Claimed,
@@ -101,7 +105,11 @@ async fn states_agree(backend: Backend) {
         "a lease that ends now, one that ended, none at all"
     );
 
-    let rows = outbox_message::Entity::find().all(&t.db).await.unwrap();
+    let rows = outbox_message::Entity::find()
+        .into_partial_model::<outbox_message::Summary>()
+        .all(&t.db)
+        .await
+        .unwrap();
     for state in [
         OutboxState::Pending,
         OutboxState::Published,
