@@ -2,27 +2,8 @@
 //! benchmark code cannot rot. The figures are not judged here, only their
 //! shape: every one a JSON number.
 
-#[allow(dead_code)]
-#[path = "../../tests/support/nats.rs"]
-mod nats;
-
-use std::path::{Path, PathBuf};
-
-use nats::NatsServer;
-
-/// The `seawall` binary the `relay-memory` scenario runs: cargo builds it
-/// into the same directory as `seawall-bench` (a workspace test run builds
-/// every binary of the workspace).
-fn seawall_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_seawall-bench"))
-        .with_file_name(format!("seawall{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "no seawall binary at {}: run the suite with `cargo nextest run --workspace` (or build -p seawall first)",
-        path.display()
-    );
-    path
-}
+use testkit::binary;
+use testkit::nats::NatsServer;
 
 async fn smoke(scenario: &str, nats: &NatsServer) {
     let pg = std::env::var("SEAWALL_TEST_PG_URL")
@@ -31,7 +12,7 @@ async fn smoke(scenario: &str, nats: &NatsServer) {
         .args([scenario, "--smoke", "--json"])
         .env("SEAWALL_BENCH_PG_URL", pg)
         .env("SEAWALL_BENCH_NATS_URL", nats.url())
-        .env("SEAWALL_BIN", seawall_binary())
+        .env("SEAWALL_BIN", binary::path("seawall"))
         .output()
         .await
         .expect("seawall-bench starts");

@@ -1,7 +1,7 @@
 //! Admin API tests: every endpoint against a real server on a real database.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
+use testkit::on_backends;
 
 mod alerts;
 mod browser;

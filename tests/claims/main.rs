@@ -1,8 +1,8 @@
 //! Two-phase claims, the claim sweeper and retention pruning, on SQLite files
 //! and PostgreSQL, with a real nats-server and a real HTTP receiver.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
+use testkit::on_backends;
 
 mod crashes;
 mod lifecycle;

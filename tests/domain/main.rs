@@ -2,8 +2,7 @@
 //! this folder with its own (see `docs/fork.md`). Platform tests never
 //! depend on the example.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
 mod settings;
 mod sqlite_processes;

@@ -1,8 +1,8 @@
 //! Message flow tests: a real nats-server (one per test), SQLite files and
 //! PostgreSQL, with seawall running in-process or as separate processes.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
+use testkit::on_backends;
 
 mod deliveries;
 mod e2e;

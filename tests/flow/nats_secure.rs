@@ -20,7 +20,7 @@ use crate::support::{Backend, TestDb, rows, wait_until};
 /// A server that requires TLS (certificates of `dir/ca.pem`) and a login:
 /// `seawall` may publish anywhere but `ledger.forbidden`; `admin` anything.
 async fn secured_server() -> (NatsServer, std::path::PathBuf) {
-    let certs = TestCerts::new();
+    let certs = TestCerts::generate();
     let server = NatsServer::start_with_config(|port, dir| {
         certs.write(dir);
         let d = dir.display();

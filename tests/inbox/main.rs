@@ -1,8 +1,8 @@
 //! Inbox integration tests: the guarantees of docs/architecture.md rules 1-7 on real
 //! SQLite files, PostgreSQL and MariaDB.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
+use testkit::on_backends;
 
 mod bad_input;
 mod commit;

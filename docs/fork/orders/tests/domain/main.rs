@@ -3,8 +3,7 @@
 //! (after the broker's duplicate window) is acknowledged as a duplicate and
 //! changes nothing.
 
-#[path = "../support/mod.rs"]
-mod support;
+use testkit as support;
 
 use std::time::Duration;
 

@@ -66,7 +66,7 @@ impl WebhookServer {
             "https://localhost:{}/hook",
             tcp.local_addr().unwrap().port()
         );
-        let certs = crate::support::tls::TestCerts::new();
+        let certs = crate::tls::TestCerts::generate();
         std::fs::write(ca_pem, &certs.ca_pem).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),

@@ -1,14 +1,12 @@
-//! Shared test harness: a fresh database per test on a real server or file.
+//! A fresh database per test on a real server or file.
 //!
 //! PostgreSQL and MariaDB come from `scripts/services` (started by
 //! `scripts/test`), which exports their URLs; each test creates its own
 //! database there, so tests run in parallel without seeing each other.
 
-#![allow(dead_code)]
-
-use std::time::Duration;
-
 use migration::{Migrator, MigratorTrait};
+
+use crate::ledger as domain;
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait, Statement,
 };
@@ -46,7 +44,6 @@ impl TestDb {
 
     /// A database like [`TestDb::new`]'s on the Patroni cluster of
     /// `scripts/services start ha`, through HAProxy's read-write port.
-    #[allow(dead_code)] // Only the API tests use the cluster.
     pub async fn on_ha_cluster() -> Self {
         let (url, db) = create_postgres(&server_url("SEAWALL_HA_PG_URL")).await;
         Self::migrated(Self {
@@ -113,6 +110,18 @@ impl TestDb {
     }
 }
 
+/// Published events and processed messages in the stats' throughput
+/// chart, each summed over its minutes.
+pub async fn charted(db: &DatabaseConnection) -> (u64, u64) {
+    let stats = service::stats::stats(db, chrono::Utc::now(), None)
+        .await
+        .expect("stats");
+    stats
+        .throughput
+        .iter()
+        .fold((0, 0), |(p, q), m| (p + m.published, q + m.processed))
+}
+
 pub async fn connect(url: &str, max: u32) -> DatabaseConnection {
     service::db::connect(url, max)
         .await
@@ -142,87 +151,6 @@ async fn create_database(admin_url: &str, backend: DbBackend, name: &str) {
     admin.close().await.ok();
 }
 
-// Not every test binary sends entries.
-#[allow(unused_imports)]
-pub use domain::entry_envelope;
-
-/// An HTTP client. seawall's reqwest uses rustls without a built-in crypto
-/// provider (the binary installs ring, which the tree already has); tests
-/// install the same before their first client.
-pub fn http_client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
-}
-
-/// A TCP port nothing listens on right now (for a process's admin API).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Waits until a seawall process has provisioned `stream`.
-pub async fn wait_for_stream(js: &async_nats::jetstream::Context, stream: &str) {
-    wait_until(
-        &format!("the {stream} stream"),
-        Duration::from_secs(30),
-        || async { js.get_stream(stream).await.is_ok() },
-    )
-    .await;
-}
-
-/// Polls `check` until it is true, failing the test after `timeout`.
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Published events and processed messages in the stats' throughput
-/// chart, each summed over its minutes.
-pub async fn charted(db: &DatabaseConnection) -> (u64, u64) {
-    let stats = service::stats::stats(db, chrono::Utc::now(), None)
-        .await
-        .expect("stats");
-    stats
-        .throughput
-        .iter()
-        .fold((0, 0), |(p, q), m| (p + m.published, q + m.processed))
-}
-
-/// Runs the `seawall` binary to its end with `args` and extra environment
-/// variables, for start-up checks that never reach a server.
-pub fn seawall_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run seawall")
-}
-
-/// Asserts that a run failed, named `needle` on stderr, and did not panic.
-pub fn fails_naming(out: &std::process::Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure");
-    assert!(
-        stderr.contains(needle),
-        "stderr should name {needle}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
-
 /// Generates one `#[tokio::test]` per listed backend, calling `$body(Backend)`.
 #[macro_export]
 macro_rules! on_backends {
@@ -231,7 +159,7 @@ macro_rules! on_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $backend() {
-                    super::$name($crate::support::backend_named(stringify!($backend))).await;
+                    super::$name($crate::backend_named(stringify!($backend))).await;
                 }
             )+
         }
@@ -246,12 +174,3 @@ pub fn backend_named(name: &str) -> Backend {
         other => panic!("unknown backend {other}"),
     }
 }
-
-/// The test-only domain, from the test kit.
-pub use testkit::ledger as domain;
-pub mod nats;
-pub mod process;
-pub mod proxy;
-pub mod rows;
-pub mod tls;
-pub mod webhook;

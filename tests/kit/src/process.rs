@@ -1,8 +1,11 @@
 //! `seawall` child processes for black-box tests, killed on drop.
 
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 
 use tokio::process::{Child, Command};
+
+use crate::binary;
 
 pub struct Seawall {
     child: Child,
@@ -14,23 +17,23 @@ impl Seawall {
     /// Starts `seawall <args>` with the given environment (plus
     /// `SEAWALL_LOG=info`). The long-running roles (`run`, `relay`,
     /// `consume`, `api`) run the test domain, through `seawall-testbed` (the
-    /// same `Application` as `seawall`, on the ledger of `support::domain`);
+    /// same `Application` as `seawall`, on the kit's [`crate::ledger`]);
     /// the other commands run `seawall` itself.
     pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Self {
         let program = match args.first() {
-            Some(&("run" | "relay" | "consume" | "api")) => env!("CARGO_BIN_EXE_seawall-testbed"),
-            _ => env!("CARGO_BIN_EXE_seawall"),
+            Some(&("run" | "relay" | "consume" | "api")) => "seawall-testbed",
+            _ => "seawall",
         };
-        Self::spawn_program(program, args, env)
+        Self::spawn_program(&binary::path(program), args, env)
     }
 
     /// Starts `seawall <args>` itself whatever the command: its own start-up
     /// path and demo domain, where the testbed's would hide it.
     pub fn spawn_seawall(args: &[&str], env: &[(&str, String)]) -> Self {
-        Self::spawn_program(env!("CARGO_BIN_EXE_seawall"), args, env)
+        Self::spawn_program(&binary::path("seawall"), args, env)
     }
 
-    fn spawn_program(program: &str, args: &[&str], env: &[(&str, String)]) -> Self {
+    fn spawn_program(program: &Path, args: &[&str], env: &[(&str, String)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("seawall.log");
         let file = std::fs::File::create(&log).unwrap();

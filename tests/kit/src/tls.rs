@@ -15,7 +15,7 @@ pub struct TestCerts {
 }
 
 impl TestCerts {
-    pub fn new() -> Self {
+    pub fn generate() -> Self {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
