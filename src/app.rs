@@ -340,7 +340,7 @@ pub fn exit_code(result: Result<()>) -> std::process::ExitCode {
 pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<()> {
     let pool = settings.pool_size(&roles, domain.registry.registrations().len())?;
     let metrics = api::metrics::install().context("installing the metrics recorder")?;
-    let db = connect_db_waiting(&settings.database_url, pool).await?;
+    let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
     let app = Application::build(settings, roles, domain, db, Some(metrics)).await?;
     let api = if roles.api {
         format!("http://{}/", settings.api_addr)
@@ -398,7 +398,11 @@ const START_UP_DATABASE_WAIT: Duration = Duration::from_secs(60);
 ///
 /// # Errors
 /// The database answers with an error, or is still unreachable after the wait.
-pub async fn connect_db_waiting(url: &str, max: u32) -> Result<DatabaseConnection> {
+pub async fn connect_db_waiting(
+    url: &str,
+    max: u32,
+    sqlite: service::db::SqliteOptions,
+) -> Result<DatabaseConnection> {
     let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
     let gave_up = || {
         format!(
@@ -410,7 +414,8 @@ pub async fn connect_db_waiting(url: &str, max: u32) -> Result<DatabaseConnectio
     let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let mut failures = 0;
     loop {
-        let err = match tokio::time::timeout_at(deadline, service::db::connect(url, max)).await {
+        let connect = service::db::connect_with(url, max, sqlite);
+        let err = match tokio::time::timeout_at(deadline, connect).await {
             Ok(Ok(db)) => return Ok(db),
             Ok(Err(err)) if service::classify::is_outage(&err) => err,
             Ok(Err(err)) => return Err(err).with_context(|| connecting_to(url)),
@@ -446,7 +451,8 @@ pub async fn connect_db_waiting(url: &str, max: u32) -> Result<DatabaseConnectio
 /// # Errors
 /// The URL is invalid, or the replica answers that it can never serve it.
 async fn connect_admin_reads(url: &str) -> Result<DatabaseConnection> {
-    let mut opts = service::db::options(url, ADMIN_READ_POOL, service::db::SQLITE_BUSY_TIMEOUT);
+    let mut opts =
+        service::db::options(url, ADMIN_READ_POOL, service::db::SqliteOptions::default());
     opts.acquire_timeout(ADMIN_READ_ACQUIRE).connect_lazy(true);
     let db = sea_orm::Database::connect(opts)
         .await

@@ -1,9 +1,17 @@
-//! What a database error means for the inbox: duplicate, retry, or failure.
+//! What a database error means for the inbox: duplicate, retry, or failure,
+//! and whose fault it is.
 //!
 //! Each backend reports a unique violation differently, and only a violation
 //! of the inbox index may be read as "already processed" (docs/architecture.md, rule 4).
 //! Reading every unique violation as a duplicate would silently drop messages
 //! whose business write broke a real constraint.
+//!
+//! [`blame`] says whether a failure belongs to the message at all. An
+//! *outage* (the database unreachable or changing hands) and a *resource*
+//! failure (it answers but cannot do the work now: a lock or statement
+//! timeout, a full disk, no memory, an I/O error, read-only, shutting down)
+//! are the infrastructure's; a consumer holds the delivery through them
+//! instead of spending its deliveries or writing a dead letter.
 
 use sea_orm::error::{ConnAcquireErr, RuntimeErr};
 use sea_orm::{DbErr, sqlx};
@@ -66,8 +74,39 @@ pub enum Failure {
         /// Short label for logs and metrics (`serialization`, `deadlock`, `busy`...).
         reason: &'static str,
     },
+    /// The database answers but cannot do this work now (a lock or statement
+    /// timeout, a full disk, no memory, an I/O error, read-only, shutting
+    /// down). Re-running at once would meet it again, so the executor returns
+    /// it; the caller backs off (see [`blame`]).
+    Resource {
+        /// Short label for logs and metrics (`lock_timeout`, `disk_full`...).
+        reason: &'static str,
+    },
     /// Not retried.
     Permanent,
+}
+
+/// Whose fault a failed unit of work is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The message's own (or the handler's): it counts against its deliveries.
+    Message,
+    /// The database is unreachable or changing hands: wait until it answers.
+    Outage,
+    /// The database answers but cannot do the work now: back off and try
+    /// again, up to a patience, without spending a delivery.
+    Resource,
+}
+
+/// Whose fault `err` is (see [`Blame`]).
+pub fn blame(err: &DbErr) -> Blame {
+    match classify(err) {
+        Failure::Transient {
+            reason: OUTAGE_CONNECTION | OUTAGE_RESTART | OUTAGE_READ_ONLY,
+        } => Blame::Outage,
+        Failure::Resource { .. } => Blame::Resource,
+        _ => Blame::Message,
+    }
 }
 
 /// Classifies a SeaORM error.
@@ -81,12 +120,12 @@ pub fn classify(err: &DbErr) -> Failure {
 /// that ran. A consumer waits such an outage out instead of spending the
 /// message's deliveries on it.
 pub fn is_outage(err: &DbErr) -> bool {
-    matches!(
-        classify(err),
-        Failure::Transient {
-            reason: OUTAGE_CONNECTION | OUTAGE_RESTART | OUTAGE_READ_ONLY
-        }
-    )
+    blame(err) == Blame::Outage
+}
+
+/// True when `err` is a resource failure (see [`Failure::Resource`]).
+pub fn is_resource(err: &DbErr) -> bool {
+    blame(err) == Blame::Resource
 }
 
 const OUTAGE_CONNECTION: &str = "connection";
@@ -120,6 +159,8 @@ pub fn shape_of(err: &DbErr) -> ErrorShape {
         // really the statement's own keeps recurring while the database
         // answers; the consumer then counts it against the message.
         sqlx::Error::Protocol(p) => ErrorShape::ConnectionLost(p.clone()),
+        // A TLS handshake cut during a failover: the server went away.
+        sqlx::Error::Tls(e) => ErrorShape::ConnectionLost(e.to_string()),
         other => ErrorShape::Other(other.to_string()),
     }
 }
@@ -182,9 +223,26 @@ fn classify_postgres(code: Option<&str>, constraint: Option<&str>) -> Failure {
             reason: "serialization",
         },
         Some("40P01") => Failure::Transient { reason: "deadlock" },
-        Some("55P03") => Failure::Transient {
-            reason: "lock_not_available",
+        // lock_timeout (or NOWAIT) while another session holds the lock,
+        // statement_timeout, and class 53/58: the server cannot do the work
+        // now. disk_full, out_of_memory, insufficient_resources, io_error,
+        // system_error. (53300, too many connections, is an outage below.)
+        Some("55P03") => Failure::Resource {
+            reason: "lock_timeout",
         },
+        Some("57014") => Failure::Resource {
+            reason: "statement_timeout",
+        },
+        Some("53100") => Failure::Resource {
+            reason: "disk_full",
+        },
+        Some("53200") => Failure::Resource {
+            reason: "out_of_memory",
+        },
+        Some("53000") => Failure::Resource {
+            reason: "insufficient_resources",
+        },
+        Some("58030" | "58000") => Failure::Resource { reason: "io_error" },
         // Class 08: connection exceptions; 57P01..03: server shutting down or restarting.
         Some(c) if c.starts_with("08") => Failure::Transient {
             reason: OUTAGE_CONNECTION,
@@ -228,6 +286,21 @@ fn classify_sqlite(code: Option<&str>, message: &str) -> Failure {
         }
         c if c & 0xff == 5 => Failure::Transient { reason: "busy" },
         c if c & 0xff == 6 => Failure::Transient { reason: "locked" },
+        // SQLITE_NOMEM, SQLITE_READONLY (the file or its directory made
+        // read-only), SQLITE_IOERR, SQLITE_FULL (the disk), SQLITE_CANTOPEN.
+        c if c & 0xff == 7 => Failure::Resource {
+            reason: "out_of_memory",
+        },
+        c if c & 0xff == 8 => Failure::Resource {
+            reason: "read_only",
+        },
+        c if c & 0xff == 10 => Failure::Resource { reason: "io_error" },
+        c if c & 0xff == 13 => Failure::Resource {
+            reason: "disk_full",
+        },
+        c if c & 0xff == 14 => Failure::Resource {
+            reason: "cannot_open",
+        },
         _ => Failure::Permanent,
     }
 }
@@ -255,8 +328,28 @@ fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
             }
         }
         Some(1213) => Failure::Transient { reason: "deadlock" },
-        Some(1205) => Failure::Transient {
-            reason: "lock_wait_timeout",
+        Some(1205) => Failure::Resource {
+            reason: "lock_timeout",
+        },
+        // The server (or a replica promoted late) refuses writes: read_only,
+        // super_read_only, innodb_read_only.
+        Some(1290 | 1836 | 1792) => Failure::Resource {
+            reason: "read_only",
+        },
+        // max_execution_time (MySQL) and max_statement_time (MariaDB).
+        Some(3024 | 1969) => Failure::Resource {
+            reason: "statement_timeout",
+        },
+        // Disk or table full, out of memory, out of sort memory.
+        Some(1021 | 1114) => Failure::Resource {
+            reason: "disk_full",
+        },
+        Some(1037 | 1038 | 1041) => Failure::Resource {
+            reason: "out_of_memory",
+        },
+        // Server shutting down.
+        Some(1053) => Failure::Transient {
+            reason: OUTAGE_RESTART,
         },
         // Server gone, lost during a query, too many connections.
         Some(2006 | 2013 | 1040) => Failure::Transient {
@@ -384,6 +477,58 @@ mod tests {
         }
         let check = db(Engine::Postgres, "23514", None, None, "check");
         assert_eq!(classify_shape(&check), Failure::Permanent);
+    }
+
+    #[test]
+    fn resource_failures_are_the_infrastructures_not_the_messages() {
+        let resource = [
+            db(Engine::Postgres, "55P03", None, None, "lock timeout"),
+            db(Engine::Postgres, "57014", None, None, "statement timeout"),
+            db(Engine::Postgres, "53100", None, None, "disk full"),
+            db(Engine::Postgres, "53200", None, None, "out of memory"),
+            db(Engine::Postgres, "58030", None, None, "could not write"),
+            db(
+                Engine::MySql,
+                "HY000",
+                Some(1205),
+                None,
+                "lock wait timeout",
+            ),
+            db(Engine::MySql, "HY000", Some(1290), None, "--read-only"),
+            db(Engine::MySql, "25006", Some(1836), None, "read-only mode"),
+            db(
+                Engine::MySql,
+                "HY000",
+                Some(1969),
+                None,
+                "max_statement_time",
+            ),
+            db(Engine::Sqlite, "8", None, None, "readonly database"),
+            db(
+                Engine::Sqlite,
+                "1032",
+                None,
+                None,
+                "readonly database moved",
+            ),
+            db(Engine::Sqlite, "10", None, None, "disk I/O error"),
+            db(Engine::Sqlite, "13", None, None, "database or disk is full"),
+        ];
+        for shape in resource {
+            assert!(
+                matches!(classify_shape(&shape), Failure::Resource { .. }),
+                "{shape:?}"
+            );
+        }
+        let shutting_down = db(Engine::MySql, "08S01", Some(1053), None, "shutdown");
+        assert_eq!(
+            classify_shape(&shutting_down),
+            Failure::Transient {
+                reason: OUTAGE_RESTART
+            }
+        );
+        let constraint = db(Engine::Postgres, "23514", None, None, "check");
+        assert_eq!(classify_shape(&constraint), Failure::Permanent);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::sqlx::sqlite::{SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr,
     SqliteTransactionMode, Statement, TransactionOptions,
@@ -20,6 +20,39 @@ pub const BEGIN_IMMEDIATE: TransactionOptions = TransactionOptions {
 /// How long a SQLite writer waits for another's lock before `SQLITE_BUSY`.
 pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// When SQLite makes a commit durable (its `synchronous` pragma, with WAL
+/// journaling).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSync {
+    /// The WAL is synced at every commit: a commit that returned, and so a
+    /// message acked after it, survives an OS crash or a power cut.
+    #[default]
+    Full,
+    /// The WAL is synced at checkpoints only: faster, and a power cut or an
+    /// OS crash may roll back the last commits (a process crash does not).
+    /// Their messages were acked, so they are lost.
+    Normal,
+}
+
+/// How SQLite connections are opened (other engines ignore it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// See [`SQLITE_BUSY_TIMEOUT`].
+    pub busy_timeout: Duration,
+    /// See [`SqliteSync`].
+    pub synchronous: SqliteSync,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: SQLITE_BUSY_TIMEOUT,
+            synchronous: SqliteSync::Full,
+        }
+    }
+}
+
 /// Connects to `url` (SQLite, PostgreSQL or MySQL).
 ///
 /// SQLite is opened in WAL mode with a busy timeout so several connections,
@@ -30,12 +63,37 @@ pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Errors
 /// The connection error.
 pub async fn connect(url: &str, max_connections: u32) -> Result<DatabaseConnection, DbErr> {
-    Database::connect(options(url, max_connections, SQLITE_BUSY_TIMEOUT)).await
+    connect_with(url, max_connections, SqliteOptions::default()).await
 }
 
-/// Connection options for [`connect`], with the SQLite busy timeout given.
-pub fn options(url: &str, max_connections: u32, busy_timeout: Duration) -> ConnectOptions {
+/// [`connect`] with SQLite opened as `sqlite` says.
+///
+/// # Errors
+/// The connection error.
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    sqlite: SqliteOptions,
+) -> Result<DatabaseConnection, DbErr> {
+    Database::connect(options(url, max_connections, sqlite)).await
+}
+
+/// Connection options for [`connect_with`].
+///
+/// A SQLite file that is not writable when a connection opens (its
+/// permissions changed, a read-only mount) gives a connection that stays
+/// read-only after the file is writable again; such a connection is
+/// refused as the outage it is (unless the URL asked for `mode=ro`), so the
+/// pool never keeps one.
+pub fn options(url: &str, max_connections: u32, sqlite: SqliteOptions) -> ConnectOptions {
     let mut opts = ConnectOptions::new(url.to_owned());
+    let synchronous = match sqlite.synchronous {
+        SqliteSync::Full => SqliteSynchronous::Full,
+        SqliteSync::Normal => SqliteSynchronous::Normal,
+    };
+    let wants_writes = !url
+        .split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|p| p == "mode=ro"));
     opts.max_connections(max_connections)
         .min_connections(1)
         // SeaORM hands sqlx one deadline for opening and for borrowing a
@@ -44,10 +102,38 @@ pub fn options(url: &str, max_connections: u32, busy_timeout: Duration) -> Conne
         .sqlx_logging(false)
         .map_sqlx_sqlite_opts(move |o| {
             o.journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Normal)
-                .busy_timeout(busy_timeout)
+                .synchronous(synchronous)
+                .busy_timeout(sqlite.busy_timeout)
+        })
+        .map_sqlx_sqlite_pool_opts(move |pool| {
+            if !wants_writes {
+                return pool;
+            }
+            pool.after_connect(|conn, _| {
+                Box::pin(async move {
+                    if opened_read_only(conn).await? {
+                        return Err(sea_orm::sqlx::Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::ReadOnlyFilesystem,
+                            "the SQLite database file is not writable",
+                        )));
+                    }
+                    Ok(())
+                })
+            })
         });
     opts
+}
+
+/// Whether SQLite opened this connection's main database read-only (it does
+/// so, without an error, when the file is not writable).
+async fn opened_read_only(conn: &mut SqliteConnection) -> Result<bool, sea_orm::sqlx::Error> {
+    let mut handle = conn.lock_handle().await?;
+    // SAFETY: the locked handle guarantees no other call runs on this
+    // connection meanwhile, and the schema name is a NUL-terminated literal.
+    let state = unsafe {
+        libsqlite3_sys::sqlite3_db_readonly(handle.as_raw_handle().as_ptr(), c"main".as_ptr())
+    };
+    Ok(state == 1)
 }
 
 /// Whether the database takes writes again. During a PostgreSQL failover a

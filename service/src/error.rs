@@ -111,10 +111,19 @@ impl InboxError {
         )
     }
 
-    /// True when the database was unreachable (see [`crate::classify::is_outage`]):
-    /// the message is not at fault, so its deliveries should not be spent.
+    /// Whose fault it is (see [`crate::classify::Blame`]): an outage or a
+    /// resource failure is not the message's, so its deliveries should not
+    /// be spent on it.
+    pub fn blame(&self) -> crate::classify::Blame {
+        match &*self.kind {
+            InboxErrorKind::Database(source) => crate::classify::blame(source),
+            _ => crate::classify::Blame::Message,
+        }
+    }
+
+    /// True when the database was unreachable (see [`crate::classify::is_outage`]).
     pub fn is_outage(&self) -> bool {
-        matches!(&*self.kind, InboxErrorKind::Database(source) if crate::classify::is_outage(source))
+        self.blame() == crate::classify::Blame::Outage
     }
 }
 

@@ -49,6 +49,14 @@ pub struct Settings {
     pub max_deliver: i64,
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub max_handling_ms: u64,
+    /// How long a resource failure (a lock or statement timeout, a full
+    /// disk, a read-only database) may recur for one delivery before it
+    /// counts against the message.
+    #[serde(deserialize_with = "service::millis::deserialize")]
+    pub infra_patience_ms: u64,
+    /// `full` (every commit synced) or `normal` (synced at checkpoints; a
+    /// power cut may lose acked messages).
+    pub sqlite_synchronous: service::db::SqliteSync,
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub duplicate_window_ms: u64,
     pub webhook_ca_file: Option<std::path::PathBuf>,
@@ -119,6 +127,8 @@ impl Default for Settings {
             ack_wait_ms: 30_000,
             max_deliver: 5,
             max_handling_ms: 300_000,
+            infra_patience_ms: 15 * 60_000,
+            sqlite_synchronous: service::db::SqliteSync::Full,
             duplicate_window_ms: 120_000,
             webhook_ca_file: None,
             relay_lease_ms: 30_000,
@@ -252,6 +262,14 @@ impl Settings {
         }
     }
 
+    /// How SQLite connections are opened.
+    pub fn sqlite(&self) -> service::db::SqliteOptions {
+        service::db::SqliteOptions {
+            synchronous: self.sqlite_synchronous,
+            ..service::db::SqliteOptions::default()
+        }
+    }
+
     /// The settings of a consumer reading `stream`.
     pub fn consumer(&self, stream: &str) -> worker::ConsumerConfig {
         worker::ConsumerConfig {
@@ -259,6 +277,7 @@ impl Settings {
             max_deliver: self.max_deliver,
             concurrency: self.consumer_concurrency,
             max_handling: Duration::from_millis(self.max_handling_ms),
+            infra_patience: Duration::from_millis(self.infra_patience_ms),
             fault: self.fault_point(),
             ..worker::ConsumerConfig::new(stream)
         }
@@ -428,12 +447,39 @@ impl Settings {
         if self.duplicate_window_ms == 0 {
             return Err(invalid("duplicate_window_ms", "must be at least 1"));
         }
+        self.check_patience()?;
         if matches!(&self.admin_token, Some(t) if t.trim().is_empty()) {
             return Err(invalid("admin_token", "must not be empty when set"));
         }
         self.check_outbox_mode(scheme)?;
         self.check_files()?;
         crate::nats::check(self)
+    }
+
+    /// A held delivery stays in the stream, unacknowledged, for up to the
+    /// patience: at least one ack wait (a shorter one gives up before
+    /// JetStream would even redeliver), and shorter than the stream keeps
+    /// messages (the message must still be there to be acked).
+    fn check_patience(&self) -> Result<(), ConfigError> {
+        if self.infra_patience_ms < self.ack_wait_ms {
+            return Err(invalid(
+                "infra_patience_ms",
+                format!(
+                    "{} ms is shorter than ack_wait_ms ({} ms); a resource failure would count against the message before one redelivery",
+                    self.infra_patience_ms, self.ack_wait_ms
+                ),
+            ));
+        }
+        if self.stream_max_age_ms != 0 && self.infra_patience_ms >= self.stream_max_age_ms {
+            return Err(invalid(
+                "infra_patience_ms",
+                format!(
+                    "{} ms is not shorter than stream_max_age_ms ({} ms); a held message could leave the stream before it is acked",
+                    self.infra_patience_ms, self.stream_max_age_ms
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// WAL mode runs on PostgreSQL only, with a slot name PostgreSQL takes.

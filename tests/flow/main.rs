@@ -4,6 +4,7 @@
 use testkit as support;
 use testkit::on_backends;
 
+mod bad_day;
 mod deliveries;
 mod e2e;
 mod helpers;

@@ -235,3 +235,26 @@ fn durations_may_be_written_with_units() {
     );
     fails_naming(&out, "ack_wait_ms");
 }
+
+#[test]
+fn an_infra_patience_outside_the_ack_wait_and_the_stream_age_stops_startup() {
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_INFRA_PATIENCE_MS", "10s"),
+            ("SEAWALL_ACK_WAIT_MS", "30s"),
+        ],
+    );
+    fails_naming(&out, "infra_patience_ms");
+    fails_naming(&out, "shorter than ack_wait_ms");
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_INFRA_PATIENCE_MS", "2h"),
+            ("SEAWALL_STREAM_MAX_AGE_MS", "1h"),
+        ],
+    );
+    fails_naming(&out, "not shorter than stream_max_age_ms");
+    let out = seawall(&["migrate"], &[("SEAWALL_SQLITE_SYNCHRONOUS", "off")]);
+    fails_naming(&out, "sqlite_synchronous");
+}

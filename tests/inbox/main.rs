@@ -15,4 +15,5 @@ mod overlap;
 mod races;
 mod retry;
 mod rollback;
+mod sqlite;
 mod throughput;

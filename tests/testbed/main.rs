@@ -49,7 +49,7 @@ async fn run() -> Result<()> {
             .arm_fault(&fault)
             .map_err(|e| anyhow::anyhow!("TESTBED_FAULT: {e}"))?;
     }
-    let db = seawall::app::connect_db_waiting(&settings.database_url, 2).await?;
+    let db = seawall::app::connect_db_waiting(&settings.database_url, 2, settings.sqlite()).await?;
     domain::create_tables(&db)
         .await
         .context("creating the ledger's tables")?;

@@ -120,9 +120,18 @@ impl ClaimError {
         &self.kind
     }
 
+    /// Whose fault it is (see [`crate::classify::Blame`]): only a database
+    /// error can be the infrastructure's.
+    pub fn blame(&self) -> crate::classify::Blame {
+        match &self.kind {
+            ClaimErrorKind::Database(source) => crate::classify::blame(source),
+            _ => crate::classify::Blame::Message,
+        }
+    }
+
     /// True when the database was unreachable (see [`crate::classify::is_outage`]).
     pub fn is_outage(&self) -> bool {
-        matches!(&self.kind, ClaimErrorKind::Database(source) if crate::classify::is_outage(source))
+        self.blame() == crate::classify::Blame::Outage
     }
 }
 

@@ -10,6 +10,7 @@ use futures::FutureExt;
 use sea_orm::DatabaseConnection;
 
 use service::claim::{ClaimError, ClaimErrorKind, ClaimGuard, ClaimOutcome, ClaimPolicy, claim};
+use service::classify::Blame;
 use service::{ConsumerName, Effect, Envelope, HandlerError};
 
 use super::Handled;
@@ -56,8 +57,7 @@ impl Claimer<'_> {
                 );
                 return Step::Handled(Handled::Held(wait.max(Duration::from_millis(50))));
             }
-            Err(err) if err.is_outage() => return Step::Handled(Handled::Outage(err.to_string())),
-            Err(err) => return Step::Handled(Handled::failed(err.to_string())),
+            Err(err) => return Step::Handled(unavailable_or_failed(&err)),
         };
         FaultPoint::ClaimAfterCommit.hit(self.fault);
         // A panicking effect is a failed attempt of this claim, not a lost task.
@@ -69,8 +69,8 @@ impl Claimer<'_> {
             Ok(result) => {
                 FaultPoint::ClaimAfterCall.hit(self.fault);
                 match guard.complete(result.clone()).await {
-                    Err(err) if err.is_outage() => {
-                        tracing::warn!(error = %err, "effect performed, not yet recorded: database unreachable; waiting to record it");
+                    Err(err) if err.blame() != Blame::Message => {
+                        tracing::warn!(error = %err, "effect performed, not yet recorded: the database cannot write it now; waiting to record it");
                         Step::Unrecorded { guard, result }
                     }
                     completed => Step::Handled(self.completed(completed)),
@@ -105,14 +105,24 @@ impl Claimer<'_> {
             }
             // Quarantined meanwhile: its dead letter is written.
             Err(err) if matches!(err.kind(), ClaimErrorKind::Quarantined) => Handled::Parked,
-            Err(err) if err.is_outage() => Handled::Outage(err.to_string()),
-            Err(err) => Handled::failed(err.to_string()),
+            Err(err) => unavailable_or_failed(&err),
         }
     }
 }
 
-/// Records `guard`'s effect, waiting out database outages with `wait`
-/// (which returns `false` when the consumer is stopping).
+/// A claim error as the consumer treats it: the infrastructure's (an outage
+/// or a resource failure) or the message's.
+fn unavailable_or_failed(err: &ClaimError) -> Handled {
+    match err.blame() {
+        Blame::Outage => Handled::Outage(err.to_string()),
+        Blame::Resource => Handled::Resource(err.to_string()),
+        Blame::Message => Handled::failed(err.to_string()),
+    }
+}
+
+/// Records `guard`'s effect, waiting out database outages and resource
+/// failures with `wait` (given whose fault it is and how many times it
+/// waited; it returns `false` when the consumer is stopping).
 pub(super) async fn record<W, F>(
     claimer: &Claimer<'_>,
     guard: &ClaimGuard,
@@ -120,14 +130,16 @@ pub(super) async fn record<W, F>(
     mut wait: W,
 ) -> Handled
 where
-    W: FnMut() -> F,
+    W: FnMut(Blame, u32) -> F,
     F: std::future::Future<Output = bool>,
 {
+    let mut waits = 0;
     loop {
         match guard.complete(result.clone()).await {
-            Err(err) if err.is_outage() => {
-                if !wait().await {
-                    return Handled::Outage(err.to_string());
+            Err(err) if err.blame() != Blame::Message => {
+                waits += 1;
+                if !wait(err.blame(), waits).await {
+                    return unavailable_or_failed(&err);
                 }
             }
             completed => return claimer.completed(completed),

@@ -12,7 +12,14 @@
 //! process killed on the last one, a handler outliving the ack wait) comes
 //! back and is counted here. A database outage is not the message's fault:
 //! the consumer pauses as a whole (see `outage`) and the deliveries it holds
-//! are kept with in-progress acks, not nak'ed.
+//! are kept with in-progress acks, not nak'ed. Nor is a resource failure (the
+//! database answers but cannot do the work now: a lock or statement timeout,
+//! a full disk, read-only): the delivery is held, with in-progress acks, and
+//! tried again with a growing pause until it succeeds or the failure has
+//! lasted [`ConsumerConfig::infra_patience`]; only then does it count
+//! against the message. Held deliveries keep their place among the
+//! consumer's `concurrency`, so a consumer whose every delivery meets such a
+//! failure stops pulling until one gets through.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -26,6 +33,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use service::classify::Blame;
 use service::dead_letter::REPLAY_OF_HEADER;
 use service::{BoxError, ConsumerName, Envelope, HandlerKind, Inbox, Registration};
 
@@ -47,6 +55,15 @@ pub const CRASH_ALLOWANCE: i64 = 10;
 /// message's own: an error that looks like a lost connection but recurs while
 /// the database serves everything else belongs to the message.
 const MAX_HOLDS: u32 = 5;
+
+/// How long one delivery has met resource failures.
+#[derive(Debug, Default)]
+struct Resource {
+    /// When it first met one.
+    since: Option<tokio::time::Instant>,
+    /// Pauses so far.
+    holds: u32,
+}
 
 /// Longest subject `dead_letter.subject` holds.
 const MAX_SUBJECT_LEN: usize = 255;
@@ -70,6 +87,9 @@ pub struct ConsumerConfig {
     /// Longest time one delivery may be handled while in-progress acks keep
     /// it from being redelivered; after it the delivery counts as failed.
     pub max_handling: Duration,
+    /// How long a resource failure (see [`service::classify::Blame`]) may
+    /// keep recurring for one delivery before it counts against the message.
+    pub infra_patience: Duration,
     /// A claim-path point to abort at (crash tests); `None` in production.
     pub fault: Option<crate::FaultPoint>,
 }
@@ -86,6 +106,7 @@ impl ConsumerConfig {
             nak_base: Duration::from_millis(100),
             nak_max: Duration::from_secs(30),
             max_handling: Duration::from_secs(300),
+            infra_patience: Duration::from_secs(15 * 60),
             fault: None,
         }
     }
@@ -271,6 +292,7 @@ impl Consumer {
                 tracing::Span::current().record("message_id", id.as_str());
             }
             let mut holds = 0;
+            let mut resource = Resource::default();
             loop {
                 if !self.wait_for_database(&msg).await {
                     tracing::info!(
@@ -285,13 +307,35 @@ impl Consumer {
                         permanent: true,
                     },
                 };
-                if let Handled::Outage(reason) = &handled {
-                    holds += 1;
-                    if holds > MAX_HOLDS {
-                        handled = Handled::failed(format!(
-                            "{reason} (failed {holds} times while the database answered)"
-                        ));
+                match &handled {
+                    Handled::Outage(reason) => {
+                        holds += 1;
+                        if holds > MAX_HOLDS {
+                            handled = Handled::failed(format!(
+                                "{reason} (failed {holds} times while the database answered)"
+                            ));
+                        }
                     }
+                    Handled::Resource(reason) => {
+                        let since = *resource.since.get_or_insert_with(tokio::time::Instant::now);
+                        if since.elapsed() >= self.config.infra_patience {
+                            handled = Handled::failed(format!(
+                                "{reason} (the database could not do the work for {:?}, the infra patience)",
+                                self.config.infra_patience
+                            ));
+                        } else {
+                            resource.holds += 1;
+                            if resource.holds == 1 {
+                                tracing::warn!(error = reason, "the database cannot do the work now; holding the delivery and trying again");
+                            }
+                            if !self.hold(&msg, Blame::Resource, resource.holds).await {
+                                tracing::info!("stopping while the database cannot do the work; the delivery will be redelivered");
+                                break;
+                            }
+                            continue;
+                        }
+                    }
+                    _ => {}
                 }
                 let settled = self
                     .settle(
@@ -342,9 +386,8 @@ impl Consumer {
                     match claimer.apply(envelope, effect.as_ref()).await {
                         effect::Step::Handled(handled) => handled,
                         effect::Step::Unrecorded { guard, result } => {
-                            effect::record(&claimer, &guard, result, || async {
-                                self.pause();
-                                self.wait_for_database(msg).await
+                            effect::record(&claimer, &guard, result, |blame, waits| {
+                                self.hold(msg, blame, waits)
                             })
                             .await
                         }
@@ -421,6 +464,45 @@ impl Consumer {
             .await
     }
 
+    /// Holds `msg` through a failure of the infrastructure's, the `waits`-th
+    /// in a row: until the database answers again for an outage (pausing the
+    /// whole consumer), for a growing pause for a resource failure. `false`
+    /// when the consumer is stopping.
+    async fn hold(&self, msg: &jetstream::Message, blame: Blame, waits: u32) -> bool {
+        if blame == Blame::Outage {
+            self.pause();
+            return self.wait_for_database(msg).await;
+        }
+        let pause =
+            service::Backoff::new(self.config.nak_base, self.resource_max_pause()).delay(waits);
+        tracing::debug!(
+            ?pause,
+            waits,
+            "the database cannot do the work now; holding the delivery"
+        );
+        metrics::counter!("seawall_consumer_resource_holds_total", "consumer" => self.registration.consumer.to_string()).increment(1);
+        let period = self.progress_period();
+        let until = tokio::time::Instant::now() + pause;
+        loop {
+            let next = until.min(tokio::time::Instant::now() + period);
+            tokio::select! {
+                () = self.stopping.cancelled() => return false,
+                () = tokio::time::sleep_until(next) => {}
+            }
+            if tokio::time::Instant::now() >= until {
+                return true;
+            }
+            progress(msg).await;
+        }
+    }
+
+    /// The longest pause between tries of a delivery held for a resource
+    /// failure: short enough that a lock released or a disk freed is
+    /// noticed within seconds.
+    fn resource_max_pause(&self) -> Duration {
+        self.config.nak_max.min(Duration::from_secs(5))
+    }
+
     /// Pauses the consumer until the database answers (see `outage`).
     fn pause(&self) {
         self.outage.begin(
@@ -440,10 +522,13 @@ impl Consumer {
             Ok(outcome) => Handled::Done {
                 duplicate: matches!(outcome, service::Outcome::Duplicate),
             },
-            Err(err) if err.is_outage() => Handled::Outage(err.to_string()),
-            Err(err) => Handled::Failed {
-                reason: err.to_string(),
-                permanent: err.is_permanent(),
+            Err(err) => match err.blame() {
+                Blame::Outage => Handled::Outage(err.to_string()),
+                Blame::Resource => Handled::Resource(err.to_string()),
+                Blame::Message => Handled::Failed {
+                    reason: err.to_string(),
+                    permanent: err.is_permanent(),
+                },
             },
         }
     }

@@ -37,6 +37,10 @@ pub(super) enum Handled {
     Parked,
     /// The database was unreachable: not the message's fault.
     Outage(String),
+    /// The database answered but could not do the work now (a lock or
+    /// statement timeout, a full disk, read-only): not the message's fault.
+    /// The consumer holds the delivery and tries again, up to its patience.
+    Resource(String),
 }
 
 impl Handled {
@@ -94,6 +98,18 @@ impl Consumer {
             Handled::Held(wait) => Verdict::Nak(wait),
             Handled::Parked => Verdict::Term,
             Handled::Outage(reason) => Verdict::Outage(reason),
+            // Only when not held (the consumer holds these up to its
+            // patience, and turns them into failures after it): redeliver
+            // later, without counting a failure or dead-lettering.
+            Handled::Resource(reason) => {
+                let delay = self.nak_delay(delivered);
+                tracing::warn!(
+                    error = reason,
+                    ?delay,
+                    "the database cannot do the work now; nak for redelivery"
+                );
+                Verdict::Nak(delay)
+            }
         }
     }
 
@@ -113,7 +129,7 @@ impl Consumer {
             Handled::Done { duplicate: true } => self.count("duplicate"),
             Handled::Done { duplicate: false } => self.count("processed"),
             Handled::Failed { .. } => self.count("failed"),
-            Handled::Held(_) | Handled::Parked | Handled::Outage(_) => {}
+            Handled::Held(_) | Handled::Parked | Handled::Outage(_) | Handled::Resource(_) => {}
         }
         let verdict = self.verdict(handled, delivered);
         tracing::debug!(?verdict, delivered, "settling the delivery");
@@ -184,6 +200,9 @@ impl Consumer {
                 }
             }
             Err(err) if service::classify::is_outage(&err) => return Err(Unreachable),
+            // A resource failure (read-only, disk full) falls through to the
+            // nak below: the message comes back and is recorded once the
+            // database can write.
             Err(err) => {
                 // JetStream redelivers without limit, so the message comes
                 // back and is recorded once the insert succeeds.

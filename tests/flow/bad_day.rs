@@ -1,0 +1,186 @@
+//! A database that is up but cannot do the work (a lock or statement
+//! timeout, a read-only server, a file it cannot write) is not the
+//! message's fault: the consumer holds its deliveries through it, and no
+//! valid message becomes a dead letter. Each test runs a `consume` process
+//! with default settings on a real server, injects the fault for a fixed
+//! time while messages flow (long enough for every delivery to be spent if
+//! the fault counted against the messages), and counts what was applied.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, TransactionTrait};
+
+use crate::support::domain::{Balance, Entry};
+use entity::prelude::*;
+
+use crate::helpers::{env, publish_entries, req, with_ledger_stream};
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb, connect, wait_until};
+
+async fn count<E: EntityTrait>(db: &DatabaseConnection) -> u64
+where
+    E::Model: Send + Sync,
+{
+    E::find().count(db).await.unwrap()
+}
+
+/// A `consume` process on `db_url` with default settings, once its
+/// consumer runs.
+async fn consume(db_url: &str, nats_url: &str) -> Seawall {
+    let consume = Seawall::spawn(&["consume"], &env(db_url, nats_url, &[]));
+    wait_until("the consumer running", Duration::from_secs(60), || async {
+        consume.log_text().contains("consumer started")
+    })
+    .await;
+    consume
+}
+
+/// Publishes `n` entries of 1 each over 7 accounts.
+async fn publish(js: &jetstream::Context, n: usize) {
+    let msgs: Vec<_> = (0..n)
+        .map(|i| (format!("bad-day-{i}"), req(&format!("acct-{}", i % 7), 1)))
+        .collect();
+    publish_entries(js, &msgs).await;
+}
+
+/// Waits until all `n` messages are applied or dead-lettered, then checks
+/// each was applied once and none became a dead letter.
+async fn all_applied_once(t: &TestDb, n: u64, consume: &Seawall) {
+    wait_until(
+        "every message settled",
+        Duration::from_secs(180),
+        || async { count::<Entry>(&t.db).await + count::<DeadLetter>(&t.db).await >= n },
+    )
+    .await;
+    assert_eq!(count::<Entry>(&t.db).await, n, "each applied once");
+    let balances = Balance::find().all(&t.db).await.unwrap();
+    assert_eq!(
+        balances.iter().map(|b| b.balance).sum::<i64>(),
+        i64::try_from(n).unwrap()
+    );
+    assert_eq!(
+        count::<DeadLetter>(&t.db).await,
+        0,
+        "no valid message dead-lettered"
+    );
+    consume.assert_no_panic();
+}
+
+/// The database name at the end of a server URL.
+fn database_of(url: &str) -> &str {
+    url.rsplit('/').next().unwrap().split('?').next().unwrap()
+}
+
+/// PostgreSQL with `setting` on the database (so every new connection has
+/// it), and the ledger's tables locked `ACCESS EXCLUSIVE` for `hold` while
+/// `n` messages flow.
+async fn locked_ledger(setting: &str, hold: Duration, n: usize) {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    t.db.execute_unprepared(&format!(
+        "ALTER DATABASE {} SET {setting}",
+        database_of(&t.url)
+    ))
+    .await
+    .unwrap();
+    let consume = consume(&t.url, &nats.url()).await;
+    let locker = connect(&t.url, 1).await;
+    let txn = locker.begin().await.unwrap();
+    txn.execute_unprepared("LOCK TABLE ledger_entry, ledger_balance IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    publish(&js, n).await;
+    tokio::time::sleep(hold).await;
+    assert!(
+        consume.log_text().contains("timeout"),
+        "the handlers met the timeout"
+    );
+    txn.commit().await.unwrap();
+    all_applied_once(&t, n as u64, &consume).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_held_past_the_lock_timeout_dead_letters_nothing() {
+    locked_ledger("lock_timeout = '200ms'", Duration::from_secs(40), 300).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_statement_timeout_dead_letters_nothing() {
+    locked_ledger("statement_timeout = '200ms'", Duration::from_secs(10), 300).await;
+}
+
+/// MariaDB switched to `read_only` for 10 s. The process connects as a user
+/// of its own database only: `read_only` binds users without the
+/// `READ ONLY ADMIN` privilege, which the suite's administrative user (and
+/// so every other test on the shared server) keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_mariadb_dead_letters_nothing() {
+    let (t, nats, js) = with_ledger_stream(Backend::MySql).await;
+    let name = database_of(&t.url).to_owned();
+    for sql in [
+        format!("CREATE USER '{name}'@'%' IDENTIFIED BY 'pw'"),
+        format!("GRANT ALL ON {name}.* TO '{name}'@'%'"),
+    ] {
+        t.db.execute_unprepared(&sql).await.unwrap();
+    }
+    let base = crate::support::server_url("SEAWALL_TEST_MYSQL_URL");
+    let host = base.rsplit('@').next().unwrap();
+    let url = format!("mysql://{name}:pw@{host}/{name}");
+    let consume = consume(&url, &nats.url()).await;
+    t.db.execute_unprepared("SET GLOBAL read_only = ON")
+        .await
+        .unwrap();
+    let lifted = ReadOnlyLifted(t.url.clone());
+    publish(&js, 300).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    t.db.execute_unprepared("SET GLOBAL read_only = OFF")
+        .await
+        .unwrap();
+    drop(lifted);
+    all_applied_once(&t, 300, &consume).await;
+    t.db.execute_unprepared(&format!("DROP USER '{name}'@'%'"))
+        .await
+        .unwrap();
+}
+
+/// Turns `read_only` off again should the test fail while it is on, so the
+/// shared server does not stay read-only for the rest of the suite.
+struct ReadOnlyLifted(String);
+
+impl Drop for ReadOnlyLifted {
+    fn drop(&mut self) {
+        let url = url_parts(&self.0);
+        let _ = std::process::Command::new("mariadb")
+            .args([
+                &format!("-h{}", url.host),
+                &format!("-P{}", url.port),
+                &format!("-u{}", url.user),
+                &format!("-p{}", url.password),
+                "-e",
+                "SET GLOBAL read_only = OFF",
+            ])
+            .status();
+    }
+}
+
+struct UrlParts {
+    user: String,
+    password: String,
+    host: String,
+    port: String,
+}
+
+/// `mysql://user:password@host:port/...`
+fn url_parts(url: &str) -> UrlParts {
+    let rest = url.trim_start_matches("mysql://");
+    let (auth, addr) = rest.split_once('@').unwrap();
+    let (user, password) = auth.split_once(':').unwrap();
+    let addr = addr.split('/').next().unwrap();
+    let (host, port) = addr.split_once(':').unwrap();
+    UrlParts {
+        user: user.into(),
+        password: password.into(),
+        host: host.into(),
+        port: port.into(),
+    }
+}
