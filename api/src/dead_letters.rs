@@ -120,17 +120,29 @@ pub async fn get_dead_letter(
     }))
 }
 
+/// How a replay is asked for.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReplayQuery {
+    /// Replay a dead letter that was replayed before (refused with 409
+    /// otherwise: its consumer's marker may have been pruned since, and the
+    /// message would be applied twice).
+    pub force: Option<bool>,
+}
+
 /// Publishes the message again, with its original message id (so the inbox
 /// still dedupes it if it was applied after all), to the replay subject of
 /// the consumer that gave up on it: other consumers of the original subject
 /// never see the replay, and one whose marker was pruned cannot apply it
-/// twice. The original subject travels in a header.
-#[utoipa::path(post, path = "/api/v1/dead-letters/{id}/replay", tag = "dead-letters", params(("id" = i64, Path, description = "Dead letter id")),
+/// twice. The original subject travels in a header. A dead letter replayed
+/// before is refused (409, naming when) unless `force=true`.
+#[utoipa::path(post, path = "/api/v1/dead-letters/{id}/replay", tag = "dead-letters", params(("id" = i64, Path, description = "Dead letter id"), ReplayQuery),
     responses((status = 200, body = DeadLetterRow), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn replay_dead_letter(
     State(state): State<AppState>,
     Path(id): Path<i64>,
+    Query(q): Query<ReplayQuery>,
 ) -> Result<Json<DeadLetterRow>, ApiError> {
     if state.jetstream.is_none() {
         // Without a broker nothing can be replayed; say so before judging
@@ -144,7 +156,8 @@ pub async fn replay_dead_letter(
         }
         return Err(no_broker());
     }
-    let row = DeadLetter::replay(&state.db, id, |replay| publish(&state, replay))
+    let force = q.force.unwrap_or(false);
+    let row = DeadLetter::replay(&state.db, id, force, |replay| publish(&state, replay))
         .await
         .map_err(|e| match e {
             ReplayError::NotFound(_) => ApiError::NotFound(e.to_string()),

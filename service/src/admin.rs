@@ -312,6 +312,17 @@ pub enum ReplayError<E> {
         /// The quarantined marker's id.
         claim: i64,
     },
+    /// Replayed before: should its consumer's marker have been pruned since,
+    /// a second replay would apply the message again.
+    #[error(
+        "dead letter {id} was replayed at {at}; replaying it again would apply it twice if its marker was pruned since. Replay with force=true if it must go again"
+    )]
+    AlreadyReplayed {
+        /// The dead letter.
+        id: i64,
+        /// When it was replayed.
+        at: DateTime<Utc>,
+    },
     /// The row (perhaps edited by hand) holds an id, subject or header NATS
     /// cannot carry.
     #[error("dead letter {id} has {what} NATS cannot carry; fix or delete it")]
@@ -336,11 +347,14 @@ impl DeadLetter<'_> {
     /// crash between the two leaves the row unreplayed; replaying it again is
     /// harmless, as the inbox dedupes on the original message id.
     ///
+    /// A dead letter replayed before is refused unless `force` is set.
+    ///
     /// # Errors
     /// [`ReplayError`]; nothing is marked then.
     pub async fn replay<E, F, Fut>(
         db: &DatabaseConnection,
         id: i64,
+        force: bool,
         publish: F,
     ) -> Result<dead_letter::Model, ReplayError<E>>
     where
@@ -350,6 +364,11 @@ impl DeadLetter<'_> {
         let row = dead_letter(db, id)
             .await?
             .ok_or(ReplayError::NotFound(id))?;
+        if let Some(at) = row.replayed_at
+            && !force
+        {
+            return Err(ReplayError::AlreadyReplayed { id, at });
+        }
         let replay = replayable(row)?;
         if let Some(claim) =
             crate::claim::quarantined(db, &replay.message_id, &replay.consumer).await?
@@ -367,7 +386,7 @@ impl DeadLetter<'_> {
             .filter(dead_letter::Column::Id.eq(id))
             .exec(db)
             .await?;
-        tracing::info!(id, %message_id, "dead letter replayed by an operator");
+        tracing::info!(id, %message_id, force, "dead letter replayed by an operator");
         dead_letter(db, id).await?.ok_or(ReplayError::NotFound(id))
     }
 

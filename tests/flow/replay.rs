@@ -3,7 +3,7 @@
 //! one whose marker was pruned, never see it again.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -46,10 +46,15 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
     // `audit` refuses the message at first, so it dead-letters it; `credit`
     // applies it.
     let refuse = Arc::new(AtomicBool::new(true));
+    let applied = Arc::new(AtomicUsize::new(0));
     let audit = handler({
         let refuse = refuse.clone();
+        let applied = applied.clone();
         move |ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
             let refused = refuse.load(Ordering::SeqCst);
+            if !refused {
+                applied.fetch_add(1, Ordering::SeqCst);
+            }
             let subject = ctx.envelope().subject.clone();
             Box::pin(async move {
                 assert_eq!(
@@ -174,6 +179,50 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
         .unwrap()
         .unwrap();
     assert!(letter.replayed_at.is_some());
+    assert_eq!(
+        applied.load(Ordering::SeqCst),
+        1,
+        "audit applied the replay"
+    );
+
+    // Replayed once, its marker pruned since: a second replay would apply
+    // it again, so it is refused, naming when it was replayed.
+    InboxMessage::delete_many()
+        .filter(inbox_message::Column::Consumer.eq("audit"))
+        .exec(&t.db)
+        .await
+        .unwrap();
+    let again = http.post(&replay).send().await.unwrap();
+    assert_eq!(again.status().as_u16(), 409);
+    let body = again.text().await.unwrap();
+    assert!(body.contains("was replayed at"), "{body}");
+    // Forced, it goes again (an operator's explicit choice), once outside
+    // the duplicate window of the first replay.
+    wait_until(
+        "the forced replay to be accepted after the window",
+        Duration::from_secs(10),
+        || async {
+            let res = http
+                .post(format!("{replay}?force=true"))
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            let body = res.text().await.unwrap();
+            assert!(
+                status == 200 || (status == 409 && !body.contains("was replayed at")),
+                "{status} {body}"
+            );
+            status == 200
+        },
+    )
+    .await;
+    wait_until(
+        "audit to handle the forced replay",
+        Duration::from_secs(30),
+        || async { applied.load(Ordering::SeqCst) == 2 },
+    )
+    .await;
 
     // A dead letter whose claim is still quarantined would only be
     // terminated again: refused, naming the release to do first.
