@@ -2,7 +2,7 @@
 //! without a token.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, Method, header};
+use axum::http::{HeaderMap, HeaderName, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use subtle::ConstantTimeEq;
@@ -47,21 +47,27 @@ pub async fn require_local(
     next: Next,
 ) -> Result<Response, ApiError> {
     if state.config.token.is_none() {
-        check_local(request.method(), request.headers())?;
+        check_local(request.method(), request.uri(), request.headers())?;
     }
     Ok(next.run(request).await)
 }
 
-fn check_local(method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
+fn check_local(method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), ApiError> {
     let text = |name| {
         headers
             .get(name)
             .and_then(|v: &axum::http::HeaderValue| v.to_str().ok())
     };
-    let host = text(header::HOST);
-    if let Some(host) = host
-        && !is_loopback_host(host)
-    {
+    // HTTP/2 names the host in the request's authority, HTTP/1.1 in `Host`;
+    // a request naming none (HTTP/1.0) cannot be told to be for this
+    // machine, so it is refused like a foreign host.
+    let host = text(header::HOST).or_else(|| uri.authority().map(|a| a.as_str()));
+    let Some(host) = host else {
+        return Err(ApiError::Forbidden(
+            "no Host header; without SEAWALL_ADMIN_TOKEN the API answers only requests addressed to a loopback host".into(),
+        ));
+    };
+    if !is_loopback_host(host) {
         return Err(ApiError::Forbidden(format!(
             "host {host:?} is not a loopback name; without SEAWALL_ADMIN_TOKEN the API answers only loopback hosts"
         )));
@@ -69,11 +75,8 @@ fn check_local(method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
     if method.is_safe() {
         return Ok(());
     }
-    let foreign_origin = match (text(header::ORIGIN), host) {
-        (Some(origin), Some(host)) => origin_authority(origin) != Some(host),
-        (Some(_), None) => true,
-        (None, _) => false,
-    };
+    let foreign_origin =
+        text(header::ORIGIN).is_some_and(|origin| origin_authority(origin) != Some(host));
     let foreign_site = text(HeaderName::from_static("sec-fetch-site"))
         .is_some_and(|site| !matches!(site, "same-origin" | "none"));
     if foreign_origin || foreign_site {

@@ -147,7 +147,7 @@ impl Default for Settings {
             prune_interval_ms: 60_000,
             prune_batch_size: 1_000,
             sweep_interval_ms: 5_000,
-            claim_lease_ms: 30_000,
+            claim_lease_ms: 300_000,
             claim_max_attempts: 5,
             outbox_mode: service::OutboxMode::Table,
             wal_slot: None,
@@ -448,6 +448,15 @@ impl Settings {
             return Err(invalid("duplicate_window_ms", "must be at least 1"));
         }
         self.check_patience()?;
+        if self.claim_lease_ms < self.max_handling_ms {
+            return Err(invalid(
+                "claim_lease_ms",
+                format!(
+                    "{} ms is shorter than max_handling_ms ({} ms): an effect still running within its handling time would lose its claim to the sweeper or another delivery, and be performed twice",
+                    self.claim_lease_ms, self.max_handling_ms
+                ),
+            ));
+        }
         if matches!(&self.admin_token, Some(t) if t.trim().is_empty()) {
             return Err(invalid("admin_token", "must not be empty when set"));
         }

@@ -35,6 +35,18 @@ async fn without_a_token_foreign_hosts_and_cross_site_changes_get_a_json_403() {
         assert_eq!(status, 200, "{host}");
     }
 
+    // No Host at all (HTTP/1.0): nothing says the request is for this machine.
+    let mut conn = tokio::net::TcpStream::connect(&own_host).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut conn, b"GET /api/v1/stats HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut conn, &mut answer)
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.0 403"), "{answer}");
+    assert!(answer.contains("no Host header"), "{answer}");
+
     // Cross-site form POSTs.
     let (status, code) =
         status_and_code(api.http.post(&prune).header(ORIGIN, "http://evil.example")).await;

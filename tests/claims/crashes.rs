@@ -142,12 +142,18 @@ async fn a_crash_before_the_call_is_recovered_with_one_call(backend: Backend) {
     let cfg = [
         ("SEAWALL_ACK_WAIT_MS", "1000"),
         ("SEAWALL_CLAIM_LEASE_MS", "500"),
+        ("SEAWALL_MAX_HANDLING_MS", "500"),
     ];
     let mut crashing = consume(
         &t.url,
         &nats,
         &hook,
-        &[cfg[0], cfg[1], ("TESTBED_FAULT", "claim-after-commit")],
+        &[
+            cfg[0],
+            cfg[1],
+            cfg[2],
+            ("TESTBED_FAULT", "claim-after-commit"),
+        ],
     );
     publish_event(&js, "evt-crash").await;
     assert!(
@@ -189,12 +195,18 @@ async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
     let cfg = [
         ("SEAWALL_ACK_WAIT_MS", "1000"),
         ("SEAWALL_CLAIM_LEASE_MS", "500"),
+        ("SEAWALL_MAX_HANDLING_MS", "500"),
     ];
     let mut crashing = consume(
         &t.url,
         &nats,
         &hook,
-        &[cfg[0], cfg[1], ("TESTBED_FAULT", "claim-after-call")],
+        &[
+            cfg[0],
+            cfg[1],
+            cfg[2],
+            ("TESTBED_FAULT", "claim-after-call"),
+        ],
     );
     publish_event(&js, "evt-after").await;
     assert!(!crashing.wait().await.success());

@@ -89,15 +89,17 @@ async fn a_claim_quarantined_while_its_effect_ran_is_not_completed(backend: Back
 }
 on_backends!(a_claim_quarantined_while_its_effect_ran_is_not_completed: sqlite, postgres);
 
-/// Leases far shorter than the webhook's answer, a busy sweeper and three
-/// consumer processes: claims are released, taken over and quarantined
-/// while effects run. Once every delivery is settled, each row is processed
-/// or quarantined (with its dead letter), never open and never both.
+/// Leases barely longer than the webhook's answer (and the handling time
+/// they must cover), a busy sweeper and three consumer processes: claims
+/// are released, taken over and quarantined at the edge of their leases.
+/// Once every delivery is settled, each row is processed or quarantined
+/// (with its dead letter), never open and never both.
 async fn claims_churned_by_short_leases_all_end_finished(backend: Backend) {
     let (t, nats, js) = setup(backend).await;
-    let hook = WebhookServer::start(Duration::from_secs(1), 200).await;
+    let hook = WebhookServer::start(Duration::from_millis(150), 200).await;
     let cfg = [
         ("SEAWALL_CLAIM_LEASE_MS", "200"),
+        ("SEAWALL_MAX_HANDLING_MS", "200"),
         ("SEAWALL_SWEEP_INTERVAL_MS", "50"),
         ("SEAWALL_ACK_WAIT_MS", "2000"),
         ("SEAWALL_CLAIM_MAX_ATTEMPTS", "2"),
@@ -183,7 +185,10 @@ async fn an_effect_whose_record_meets_an_outage_is_recorded_without_a_second_cal
         &proxied,
         &nats,
         &hook,
-        &[("SEAWALL_CLAIM_LEASE_MS", "1000")],
+        &[
+            ("SEAWALL_CLAIM_LEASE_MS", "2000"),
+            ("SEAWALL_MAX_HANDLING_MS", "2000"),
+        ],
     );
     publish_event(&js, "evt-outage").await;
     wait_until("the webhook call", Duration::from_secs(30), || async {
@@ -191,8 +196,9 @@ async fn an_effect_whose_record_meets_an_outage_is_recorded_without_a_second_cal
     })
     .await;
     proxy.cut();
-    // Past the webhook's answer and the claim's lease, with the database away.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Past the webhook's answer, the claim's lease and the handling time,
+    // with the database away: the performed effect is not given up.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     proxy.restore();
     wait_until("the claim recorded", Duration::from_secs(30), || async {
         inbox_message::Entity::find()

@@ -182,6 +182,11 @@ pub struct ClaimGuard {
 }
 
 impl ClaimGuard {
+    /// The claim's inbox marker id, as the admin API and logs name it.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
     /// The key the side effect must carry (`Idempotency-Key`): the message id,
     /// the same for every attempt, so a repeat after a crash is recognisable.
     pub fn idempotency_key(&self) -> &str {

@@ -139,6 +139,16 @@ where
             Err(err) if err.blame() != Blame::Message => {
                 waits += 1;
                 if !wait(err.blame(), waits).await {
+                    // Stopping: the effect happened and its record did not.
+                    // The claim stays open; once its lease ends a redelivery
+                    // performs the effect again under the same idempotency
+                    // key. Say which, so a person can tell the receiver.
+                    tracing::error!(
+                        claim = guard.id(),
+                        message_id = guard.idempotency_key(),
+                        error = %err,
+                        "stopping with an effect performed but not recorded; a redelivery will perform it again under the same idempotency key"
+                    );
                     return unavailable_or_failed(&err);
                 }
             }

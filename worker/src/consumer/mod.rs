@@ -373,30 +373,45 @@ impl Consumer {
                 permanent: true,
             };
         }
+        let claimer = match &self.registration.kind {
+            HandlerKind::Effect(_, policy) => Some(effect::Claimer {
+                db: self.inbox.executor().db(),
+                consumer: &self.registration.consumer,
+                policy,
+                fault: self.config.fault,
+            }),
+            HandlerKind::Transaction(_) => None,
+        };
         let handling = async {
-            match &self.registration.kind {
-                HandlerKind::Transaction(handler) => self.apply(envelope, handler.as_ref()).await,
-                HandlerKind::Effect(effect, policy) => {
-                    let claimer = effect::Claimer {
-                        db: self.inbox.executor().db(),
-                        consumer: &self.registration.consumer,
-                        policy,
-                        fault: self.config.fault,
-                    };
-                    match claimer.apply(envelope, effect.as_ref()).await {
-                        effect::Step::Handled(handled) => handled,
-                        effect::Step::Unrecorded { guard, result } => {
-                            effect::record(&claimer, &guard, result, |blame, waits| {
-                                self.hold(msg, blame, waits)
-                            })
-                            .await
-                        }
-                    }
+            match (&self.registration.kind, &claimer) {
+                (HandlerKind::Transaction(handler), _) => {
+                    effect::Step::Handled(self.apply(envelope, handler.as_ref()).await)
+                }
+                (HandlerKind::Effect(effect, _), Some(claimer)) => {
+                    claimer.apply(envelope, effect.as_ref()).await
+                }
+                (HandlerKind::Effect(..), None) => {
+                    unreachable!("a claimer is made for every effect")
                 }
             }
         };
-        match self.keep_alive(msg, handling).await {
-            Some(handled) => handled,
+        match self
+            .keep_alive(msg, handling, Some(self.config.max_handling))
+            .await
+        {
+            Some(effect::Step::Handled(handled)) => handled,
+            // Performed: never given up while the process lives. Recording
+            // it waits for the database (in-progress acks, no deadline);
+            // giving up would let a redelivery perform it a second time.
+            Some(effect::Step::Unrecorded { guard, result }) => {
+                let claimer = claimer.as_ref().expect("only effects go unrecorded");
+                let record = effect::record(claimer, &guard, result, |blame, waits| {
+                    self.hold(msg, blame, waits)
+                });
+                self.keep_alive(msg, record, None)
+                    .await
+                    .expect("no deadline")
+            }
             None => Handled::failed(format!(
                 "handling took longer than {:?} (max handling time)",
                 self.config.max_handling
@@ -406,11 +421,21 @@ impl Consumer {
 
     /// Drives `work` to its end while telling JetStream every half ack wait
     /// that the delivery is still being worked on, so a long handler is not
-    /// redelivered to race itself. `None` once `max_handling` has passed;
+    /// redelivered to race itself. `None` once `limit` (if any) has passed;
     /// `work` is then dropped (its transaction rolls back).
-    async fn keep_alive<F: Future>(&self, msg: &jetstream::Message, work: F) -> Option<F::Output> {
+    async fn keep_alive<F: Future>(
+        &self,
+        msg: &jetstream::Message,
+        work: F,
+        limit: Option<Duration>,
+    ) -> Option<F::Output> {
         let period = self.progress_period();
-        let deadline = tokio::time::sleep(self.config.max_handling);
+        let deadline = async {
+            match limit {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tokio::pin!(work, deadline);
         loop {
