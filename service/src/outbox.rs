@@ -142,8 +142,15 @@ impl From<EventError> for crate::HandlerError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EventError {
-    /// The message id is empty or spans lines.
-    #[error("message id {0:?} must be non-empty and free of CR/LF")]
+    /// The message id is not one every consumer can hold (the rule of
+    /// [`crate::envelope::MessageId::parse`]): empty, longer than
+    /// [`crate::envelope::MAX_MESSAGE_ID_LEN`] bytes, or with a control
+    /// character. Published anyway, every seawall consumer would
+    /// dead-letter it without an id, and it could never be replayed.
+    #[error(
+        "message id {0:?} must be 1 to {max} bytes without control characters",
+        max = crate::envelope::MAX_MESSAGE_ID_LEN
+    )]
     MessageId(String),
     /// A header name is empty or holds a space, `:`, a control character or
     /// non-ASCII.
@@ -165,16 +172,16 @@ pub enum EventError {
     Payload(String),
 }
 
-/// Checks an id for `Nats-Msg-Id` (the relay checks rows with it too, since
-/// rows can be written by hand).
+/// Checks an id for `Nats-Msg-Id` by the rule consumers read it with (one
+/// rule for both ends, [`crate::envelope::MessageId::parse`]); the relay
+/// checks rows with it too, since rows can be written by hand.
 ///
 /// # Errors
 /// [`EventError::MessageId`].
 pub fn check_message_id(id: &str) -> Result<(), EventError> {
-    if id.is_empty() || id.contains(['\r', '\n']) {
-        return Err(EventError::MessageId(id.to_owned()));
-    }
-    Ok(())
+    crate::envelope::MessageId::parse(id)
+        .map(|_| ())
+        .map_err(|_| EventError::MessageId(id.to_owned()))
 }
 
 /// Checks one header as NATS accepts it.

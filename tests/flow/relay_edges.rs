@@ -144,6 +144,16 @@ async fn an_event_with_a_bad_header_or_id_is_refused_at_enqueue() {
             NewEvent::new(SUBJECT, "x").with_message_id("a\r\nb"),
             EventError::MessageId("a\r\nb".into()),
         ),
+        // What a consumer cannot hold, refused where it is written: longer
+        // than an envelope's id, or with a tab.
+        (
+            NewEvent::new(SUBJECT, "x").with_message_id("x".repeat(201)),
+            EventError::MessageId("x".repeat(201)),
+        ),
+        (
+            NewEvent::new(SUBJECT, "x").with_message_id("a\tb"),
+            EventError::MessageId("a\tb".into()),
+        ),
     ];
     for (event, expected) in cases {
         let txn = t.db.begin().await.unwrap();

@@ -258,3 +258,16 @@ fn an_infra_patience_outside_the_ack_wait_and_the_stream_age_stops_startup() {
     let out = seawall(&["migrate"], &[("SEAWALL_SQLITE_SYNCHRONOUS", "off")]);
     fails_naming(&out, "sqlite_synchronous");
 }
+
+#[test]
+fn a_claim_lease_shorter_than_the_handling_time_stops_startup_naming_both() {
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_CLAIM_LEASE_MS", "30s"),
+            ("SEAWALL_MAX_HANDLING_MS", "5m"),
+        ],
+    );
+    fails_naming(&out, "claim_lease_ms");
+    fails_naming(&out, "shorter than max_handling_ms");
+}
