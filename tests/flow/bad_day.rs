@@ -16,7 +16,7 @@ use entity::prelude::*;
 
 use crate::helpers::{env, publish_entries, req, with_ledger_stream};
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb, connect, wait_until};
+use crate::support::{Backend, connect, wait_until};
 
 async fn count<E: EntityTrait>(db: &DatabaseConnection) -> u64
 where
@@ -46,21 +46,21 @@ async fn publish(js: &jetstream::Context, n: usize) {
 
 /// Waits until all `n` messages are applied or dead-lettered, then checks
 /// each was applied once and none became a dead letter.
-async fn all_applied_once(t: &TestDb, n: u64, consume: &Seawall) {
+async fn all_applied_once(db: &DatabaseConnection, n: u64, consume: &Seawall) {
     wait_until(
         "every message settled",
         Duration::from_secs(180),
-        || async { count::<Entry>(&t.db).await + count::<DeadLetter>(&t.db).await >= n },
+        || async { count::<Entry>(db).await + count::<DeadLetter>(db).await >= n },
     )
     .await;
-    assert_eq!(count::<Entry>(&t.db).await, n, "each applied once");
-    let balances = Balance::find().all(&t.db).await.unwrap();
+    assert_eq!(count::<Entry>(db).await, n, "each applied once");
+    let balances = Balance::find().all(db).await.unwrap();
     assert_eq!(
         balances.iter().map(|b| b.balance).sum::<i64>(),
         i64::try_from(n).unwrap()
     );
     assert_eq!(
-        count::<DeadLetter>(&t.db).await,
+        count::<DeadLetter>(db).await,
         0,
         "no valid message dead-lettered"
     );
@@ -96,7 +96,7 @@ async fn locked_ledger(setting: &str, hold: Duration, n: usize) {
         "the handlers met the timeout"
     );
     txn.commit().await.unwrap();
-    all_applied_once(&t, n as u64, &consume).await;
+    all_applied_once(&t.db, n as u64, &consume).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -107,6 +107,35 @@ async fn a_lock_held_past_the_lock_timeout_dead_letters_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_statement_timeout_dead_letters_nothing() {
     locked_ledger("statement_timeout = '200ms'", Duration::from_secs(10), 300).await;
+}
+
+/// A failure that looks like an outage (`25006`, as a standby answers) but
+/// recurs while the database answers the probe: a trigger on the ledger's
+/// table raises it for 40 s, while the dead-letter table takes writes. After
+/// five holds of a delivery it is held with patience, like a resource
+/// failure, not counted against the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_like_failure_while_the_database_answers_dead_letters_nothing() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let consume = consume(&t.url, &nats.url()).await;
+    for sql in [
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'ledger is read-only now' USING ERRCODE = '25006'; END $$",
+        "CREATE TRIGGER refuse BEFORE INSERT ON ledger_entry FOR EACH ROW EXECUTE FUNCTION refuse()",
+    ] {
+        t.db.execute_unprepared(sql).await.unwrap();
+    }
+    publish(&js, 300).await;
+    // Long enough for each delivery's five holds and the executor's retries
+    // to run out every allowed delivery, were the failure the message's.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert!(
+        consume.log_text().contains("ledger is read-only now"),
+        "the handlers met the failure"
+    );
+    t.db.execute_unprepared("DROP TRIGGER refuse ON ledger_entry")
+        .await
+        .unwrap();
+    all_applied_once(&t.db, 300, &consume).await;
 }
 
 /// MariaDB switched to `read_only` for 10 s. The process connects as a user
@@ -137,7 +166,7 @@ async fn a_read_only_mariadb_dead_letters_nothing() {
         .await
         .unwrap();
     drop(lifted);
-    all_applied_once(&t, 300, &consume).await;
+    all_applied_once(&t.db, 300, &consume).await;
     t.db.execute_unprepared(&format!("DROP USER '{name}'@'%'"))
         .await
         .unwrap();

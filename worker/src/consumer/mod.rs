@@ -51,9 +51,12 @@ use settle::Handled;
 pub const CRASH_ALLOWANCE: i64 = 10;
 
 /// Times one delivery may be held for a database outage, each time after the
-/// database answered the probe again, before its failure is counted as the
-/// message's own: an error that looks like a lost connection but recurs while
-/// the database serves everything else belongs to the message.
+/// database answered the probe again, before it is held like a resource
+/// failure instead (with [`ConsumerConfig::infra_patience`], after which it
+/// counts as the message's own): an error that looks like a lost connection
+/// but recurs while the database answers the probe is either a database
+/// that refuses the work (read-only without being a standby) or the
+/// message's.
 const MAX_HOLDS: u32 = 5;
 
 /// How long one delivery has met resource failures.
@@ -307,35 +310,36 @@ impl Consumer {
                         permanent: true,
                     },
                 };
-                match &handled {
-                    Handled::Outage(reason) => {
-                        holds += 1;
-                        if holds > MAX_HOLDS {
-                            handled = Handled::failed(format!(
-                                "{reason} (failed {holds} times while the database answered)"
-                            ));
-                        }
+                if let Handled::Outage(reason) = &handled {
+                    holds += 1;
+                    if holds > MAX_HOLDS {
+                        // The database answers the probe yet the failure
+                        // recurs (a read-only database that is no standby,
+                        // or something of the message's own): held with
+                        // patience, like a resource failure.
+                        handled = Handled::Resource(format!(
+                            "{reason} (recurring {holds} times while the database answered)"
+                        ));
                     }
-                    Handled::Resource(reason) => {
-                        let since = *resource.since.get_or_insert_with(tokio::time::Instant::now);
-                        if since.elapsed() >= self.config.infra_patience {
-                            handled = Handled::failed(format!(
-                                "{reason} (the database could not do the work for {:?}, the infra patience)",
-                                self.config.infra_patience
-                            ));
-                        } else {
-                            resource.holds += 1;
-                            if resource.holds == 1 {
-                                tracing::warn!(error = reason, "the database cannot do the work now; holding the delivery and trying again");
-                            }
-                            if !self.hold(&msg, Blame::Resource, resource.holds).await {
-                                tracing::info!("stopping while the database cannot do the work; the delivery will be redelivered");
-                                break;
-                            }
-                            continue;
+                }
+                if let Handled::Resource(reason) = &handled {
+                    let since = *resource.since.get_or_insert_with(tokio::time::Instant::now);
+                    if since.elapsed() >= self.config.infra_patience {
+                        handled = Handled::failed(format!(
+                            "{reason} (the database could not do the work for {:?}, the infra patience)",
+                            self.config.infra_patience
+                        ));
+                    } else {
+                        resource.holds += 1;
+                        if resource.holds == 1 {
+                            tracing::warn!(error = reason, "the database cannot do the work now; holding the delivery and trying again");
                         }
+                        if !self.hold(&msg, Blame::Resource, resource.holds).await {
+                            tracing::info!("stopping while the database cannot do the work; the delivery will be redelivered");
+                            break;
+                        }
+                        continue;
                     }
-                    _ => {}
                 }
                 let settled = self
                     .settle(
