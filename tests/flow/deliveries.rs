@@ -223,6 +223,15 @@ async fn a_database_outage_spends_no_deliveries_and_dead_letters_nothing() {
     .await;
     assert_eq!(count::<Entry>(&t.db).await, 2000);
     assert_eq!(count::<DeadLetter>(&t.db).await, 0);
+    // The deliveries themselves were not spent: held with in-progress acks,
+    // the messages in flight were delivered once (a batch buffered in the
+    // client when the pause began may come once more after the ack wait).
+    let info = consumer_info(&js).await.unwrap();
+    assert!(
+        info.delivered.consumer_sequence <= 2000 + 16,
+        "{} deliveries for 2,000 messages",
+        info.delivered.consumer_sequence
+    );
     consume.assert_no_panic();
 }
 
