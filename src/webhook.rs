@@ -84,7 +84,12 @@ impl Effect for Webhook {
                 .body(envelope.payload.clone())
                 .send()
                 .await
-                .map_err(|e| HandlerError::Failed(format!("POST {}: {e}", self.url).into()))?;
+                // Refused, reset, timed out, no answer: the receiver is down
+                // or unreachable, which is no fault of the event.
+                .map_err(|e| HandlerError::Unavailable {
+                    reason: format!("POST {}: {e}", self.url),
+                    retry_after: None,
+                })?;
             let status = response.status();
             if status.is_success() {
                 Ok(Some(format!("HTTP {}", status.as_u16())))
@@ -96,10 +101,25 @@ impl Effect for Webhook {
                     "webhook refused the event: HTTP {status}"
                 )))
             } else {
-                Err(HandlerError::Failed(
-                    format!("webhook answered HTTP {status}").into(),
-                ))
+                // 408, 429 and 5xx: overloaded or failing for now.
+                Err(HandlerError::Unavailable {
+                    reason: format!("webhook answered HTTP {status}"),
+                    retry_after: retry_after(response.headers()),
+                })
             }
         })
     }
+}
+
+/// A `Retry-After` given in seconds (the HTTP-date form is not honoured:
+/// the consumer's own backoff applies then), at most an hour.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs.min(3600)))
 }

@@ -38,11 +38,14 @@ STATE = {
 class Checks:
     """Mixed into the soak and the standalone checker."""
 
-    def psql(self, sql):
+    def psql(self, sql, options=None):
+        """Runs `sql` on the soak's database; `options` are session settings
+        (PGOPTIONS), e.g. to write while the database defaults to read-only."""
         host_port = self.args.pg_url.split("@")[-1]
         host, port = host_port.split(":")
+        env = dict(os.environ, PGOPTIONS=options) if options else None
         out = subprocess.run(["psql", "-h", host, "-p", port, "-U", "postgres", "-d", self.db, "-At", "-F", "\t", "-c", sql],
-                             check=True, capture_output=True, text=True).stdout
+                             check=True, capture_output=True, text=True, env=env).stdout
         return [line.split("\t") for line in out.splitlines() if line]
 
     async def consumer_state(self):

@@ -17,6 +17,8 @@ FAULTS = {
     "poison": "fault_poison",
     "slow": "fault_slow",
     "commit": "fault_commit",
+    "lockstorm": "fault_lockstorm",
+    "readonly": "fault_readonly",
     # Only with --failover (soaklib/failover.py): the database is a Patroni cluster.
     "switchover": "fault_switchover",
     "failover": "fault_failover",
@@ -115,6 +117,47 @@ class Faults:
         self.restart_with(name, {})
         self.log("restore", f"{name} at normal speed")
         self.wait_ready(f"slow handler in {name}", started)
+
+    def with_database_setting(self, setting, reset, action):
+        """Sets `setting` on the soak's database, reconnects every session so
+        the processes pick it up, runs `action`, then resets it the same way."""
+        others = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                  "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        # Its own sessions write and wait whatever the database's defaults are.
+        own = "-c default_transaction_read_only=off -c lock_timeout=0"
+        self.psql(f'ALTER DATABASE "{self.db}" SET {setting}', own)
+        self.psql(others, own)
+        try:
+            action()
+        finally:
+            self.psql(f'ALTER DATABASE "{self.db}" RESET {reset}', own)
+            self.psql(others, own)
+
+    def fault_lockstorm(self):
+        """An operator's migration holding the ledger's tables while the
+        database enforces lock_timeout: every handler meets 55P03 for the
+        whole hold, which must spend no delivery and dead-letter nothing."""
+        started = now()
+        hold = 15
+        own_session = "-c lock_timeout=0"
+        self.with_database_setting(
+            "lock_timeout = '200ms'", "lock_timeout",
+            lambda: self.psql("BEGIN; LOCK TABLE ledger_entry, ledger_balance IN ACCESS EXCLUSIVE MODE; "
+                              f"SELECT pg_sleep({hold}); COMMIT", own_session))
+        self.log("fault", f"ledger tables locked for {hold} s under lock_timeout = 200ms")
+        self.wait_ready("lock storm", started)
+
+    def fault_readonly(self):
+        """The database read-only for a while (default_transaction_read_only,
+        as an operator sets it to stop writes): every write meets 25006 while
+        the server answers and is no standby."""
+        started = now()
+        window = 10
+        self.with_database_setting(
+            "default_transaction_read_only = on", "default_transaction_read_only",
+            lambda: time.sleep(window))
+        self.log("fault", f"database read-only for {window} s")
+        self.wait_ready("read-only database", started)
 
     def restart_with(self, name, env):
         self.procs[name].send_signal(signal.SIGTERM)

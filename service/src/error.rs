@@ -24,6 +24,17 @@ pub enum HandlerError {
     /// The handler failed in a way a later delivery may not (a downstream call).
     #[error("handler failed: {0}")]
     Failed(#[source] BoxError),
+    /// What the handler calls is down or overloaded (connection refused or
+    /// reset, a timeout, HTTP 429 or 5xx): not the message's fault. A
+    /// consumer holds the delivery and tries again, as for a database that
+    /// cannot do the work, without spending its deliveries or attempts.
+    #[error("unavailable: {reason}")]
+    Unavailable {
+        /// What failed, for the log and, past the patience, the dead letter.
+        reason: String,
+        /// How long the target asked to be left alone (`Retry-After`).
+        retry_after: Option<std::time::Duration>,
+    },
     /// The handler panicked; its transaction was rolled back.
     #[error("handler panicked: {0}")]
     Panicked(String),
@@ -73,6 +84,10 @@ pub enum InboxErrorKind {
     /// The handler failed; a redelivery may succeed.
     #[error("handler failed: {0}")]
     Handler(#[source] BoxError),
+    /// What the handler calls is down or overloaded (see
+    /// [`HandlerError::Unavailable`]): not the message's fault.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// The handler panicked, with this message; nothing was committed.
     #[error("handler panicked: {0}")]
     Panicked(String),
@@ -117,6 +132,7 @@ impl InboxError {
     pub fn blame(&self) -> crate::classify::Blame {
         match &*self.kind {
             InboxErrorKind::Database(source) => crate::classify::blame(source),
+            InboxErrorKind::Unavailable(_) => crate::classify::Blame::Resource,
             _ => crate::classify::Blame::Message,
         }
     }

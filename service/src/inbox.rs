@@ -247,6 +247,7 @@ fn classify_unit_error<T>(
         HandlerError::CommitUnknown(source) => InboxErrorKind::Database(source),
         HandlerError::Rejected(reason) => InboxErrorKind::Rejected(reason),
         HandlerError::Failed(source) => InboxErrorKind::Handler(source),
+        HandlerError::Unavailable { reason, .. } => InboxErrorKind::Unavailable(reason),
         HandlerError::Panicked(panic) => InboxErrorKind::Panicked(panic),
     };
     Err(InboxError::new(

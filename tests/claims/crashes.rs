@@ -224,14 +224,17 @@ async fn a_crash_after_the_call_retries_with_the_same_key(backend: Backend) {
 }
 on_backends!(a_crash_after_the_call_retries_with_the_same_key: sqlite, postgres);
 
-/// The webhook keeps failing; after the attempt limit the claim is
-/// quarantined and a dead letter says a person must look.
+/// The webhook keeps answering 503: the receiver's failure, not the
+/// event's, so the delivery is held and tried again (no attempt of the claim
+/// counted) until the failure outlasts the infra patience; then it counts,
+/// and after the last delivery the claim is quarantined with its dead letter.
 async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend) {
     let (t, nats, js) = setup(backend).await;
     let hook = WebhookServer::start(Duration::ZERO, 503).await;
     let cfg = [
-        ("SEAWALL_CLAIM_MAX_ATTEMPTS", "3"),
-        ("SEAWALL_MAX_DELIVER", "10"),
+        ("SEAWALL_ACK_WAIT_MS", "1000"),
+        ("SEAWALL_INFRA_PATIENCE_MS", "1000"),
+        ("SEAWALL_MAX_DELIVER", "2"),
     ];
     let mut p = consume(&t.url, &nats, &hook, &cfg);
     publish_event(&js, "evt-broken").await;
@@ -258,17 +261,22 @@ async fn a_claim_failing_too_often_is_quarantined_for_a_person(backend: Backend)
     let letter = &letters[0];
     assert_eq!(letter.consumer, "hook");
     assert_eq!(letter.message_id.as_deref(), Some("evt-broken"));
-    assert!(letter.error.contains("needs a person"), "{}", letter.error);
+    assert!(letter.error.contains("infra patience"), "{}", letter.error);
     assert!(
         letter.error.contains("503"),
         "the last failure is kept: {}",
         letter.error
     );
     assert_eq!(letter.subject, "ledger.recorded");
-    assert_eq!(
-        hook.calls().get("evt-broken"),
-        Some(&3),
-        "three attempts, then no more calls"
+    let calls = hook.calls().get("evt-broken").copied().unwrap_or(0);
+    assert!(
+        calls >= 4,
+        "tried again while held, on each delivery: {calls}"
+    );
+    let attempts = marker(&t, "evt-broken").await.unwrap().attempts;
+    assert!(
+        attempts <= 1,
+        "no attempt counted against the claim for the receiver's failures: {attempts}"
     );
     assert!(p.terminate().await.success());
     p.assert_no_panic();
@@ -315,4 +323,62 @@ async fn an_https_webhook_signed_by_a_private_ca_is_called() {
         "{}",
         refused.log_text()
     );
+}
+
+/// The webhook's receiver down (connection refused) for 20 s while 200
+/// events flow, default settings: a target that is down is no fault of the
+/// events. Every effect is performed once after it returns; no dead letter,
+/// no quarantined claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receiver_down_for_a_while_gets_every_event_once_it_is_back() {
+    let (t, nats, js) = setup(Backend::Postgres).await;
+    let port = crate::support::free_port();
+    let env = vec![
+        ("SEAWALL_DATABASE_URL", t.url.clone()),
+        ("SEAWALL_NATS_URL", nats.url()),
+        (
+            "TESTBED_WEBHOOK_URL",
+            format!("http://127.0.0.1:{port}/hook"),
+        ),
+        ("SEAWALL_STREAM_MAX_AGE_MS", "3600000".into()),
+    ];
+    let p = Seawall::spawn(&["consume"], &env);
+    for i in 0..200 {
+        publish_event(&js, &format!("down-{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let hook = WebhookServer::start_on(port, Duration::ZERO, 200).await;
+    let processed = || async {
+        inbox_message::Entity::find()
+            .filter(inbox_message::Column::Consumer.eq("hook"))
+            .filter(inbox_message::Column::ProcessedAt.is_not_null())
+            .all(&t.db)
+            .await
+            .unwrap()
+            .len()
+    };
+    let settled = || async {
+        processed().await
+            + dead_letter::Entity::find()
+                .filter(dead_letter::Column::Consumer.eq("hook"))
+                .all(&t.db)
+                .await
+                .unwrap()
+                .len()
+    };
+    wait_until("every event settled", Duration::from_secs(120), || async {
+        settled().await >= 200
+    })
+    .await;
+    assert_eq!(processed().await, 200, "every effect recorded");
+    assert_eq!(hook.calls().len(), 200, "every event reached the receiver");
+    assert_eq!(hook.total_calls(), 200, "each once");
+    let quarantined = inbox_message::Entity::find()
+        .filter(inbox_message::Column::QuarantinedAt.is_not_null())
+        .all(&t.db)
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(quarantined, 0);
+    p.assert_no_panic();
 }

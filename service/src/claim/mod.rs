@@ -273,6 +273,35 @@ impl ClaimGuard {
         }
     }
 
+    /// Releases the claim after an attempt that could not reach the effect's
+    /// target (it was down or overloaded): like [`ClaimGuard::fail`], but the
+    /// attempt is not counted, so a target's outage never quarantines the
+    /// claim; the next delivery takes it over as this same attempt.
+    ///
+    /// # Errors
+    /// As [`ClaimGuard::fail`].
+    pub async fn release_unattempted(self, reason: &str) -> Result<(), ClaimError> {
+        let res = inbox_message::Entity::update_many()
+            .col_expr(
+                Column::LeaseUntil,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .col_expr(Column::ClaimedBy, Expr::value(Option::<String>::None))
+            .col_expr(Column::Attempts, Expr::value(self.attempt - 1))
+            .col_expr(
+                Column::Result,
+                Expr::value(format!(
+                    "attempt {} could not reach its target: {reason}",
+                    self.attempt
+                )),
+            )
+            .filter(self.owned())
+            .exec(&self.db)
+            .await
+            .map_err(|e| self.db_error(e))?;
+        self.expect_one(res.rows_affected)
+    }
+
     /// Releases the claim for a retry (the effect failed, it may be attempted again).
     ///
     /// # Errors

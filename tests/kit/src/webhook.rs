@@ -37,12 +37,20 @@ async fn receive(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> StatusC
 impl WebhookServer {
     /// Answers `status` after `delay`.
     pub async fn start(delay: Duration, status: u16) -> Self {
+        Self::start_on(0, delay, status).await
+    }
+
+    /// [`WebhookServer::start`] on a given port (0: any free one), so a
+    /// test can let callers meet a receiver that is not up yet.
+    pub async fn start_on(port: u16, delay: Duration, status: u16) -> Self {
         let inner = Arc::new(Inner {
             delay,
             status,
             ..Inner::default()
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let app = Router::new()
             .route("/hook", post(receive))

@@ -76,6 +76,15 @@ impl Claimer<'_> {
                     completed => Step::Handled(self.completed(completed)),
                 }
             }
+            Err(HandlerError::Unavailable {
+                reason,
+                retry_after,
+            }) => {
+                if let Err(release) = guard.release_unattempted(&reason).await {
+                    tracing::warn!(error = %release, "could not release the claim; it will expire");
+                }
+                Step::Handled(Handled::Resource(reason, retry_after))
+            }
             Err(err) => {
                 let reason = err.to_string();
                 if let Err(release) = guard.fail(&reason).await {
@@ -115,7 +124,7 @@ impl Claimer<'_> {
 fn unavailable_or_failed(err: &ClaimError) -> Handled {
     match err.blame() {
         Blame::Outage => Handled::Outage(err.to_string()),
-        Blame::Resource => Handled::Resource(err.to_string()),
+        Blame::Resource => Handled::Resource(err.to_string(), None),
         Blame::Message => Handled::failed(err.to_string()),
     }
 }

@@ -317,12 +317,13 @@ impl Consumer {
                         // recurs (a read-only database that is no standby,
                         // or something of the message's own): held with
                         // patience, like a resource failure.
-                        handled = Handled::Resource(format!(
-                            "{reason} (recurring {holds} times while the database answered)"
-                        ));
+                        handled = Handled::Resource(
+                            format!("{reason} (recurring {holds} times while the database answered)"),
+                            None,
+                        );
                     }
                 }
-                if let Handled::Resource(reason) = &handled {
+                if let Handled::Resource(reason, retry_after) = &handled {
                     let since = *resource.since.get_or_insert_with(tokio::time::Instant::now);
                     if since.elapsed() >= self.config.infra_patience {
                         handled = Handled::failed(format!(
@@ -334,7 +335,15 @@ impl Consumer {
                         if resource.holds == 1 {
                             tracing::warn!(error = reason, "the database cannot do the work now; holding the delivery and trying again");
                         }
-                        if !self.hold(&msg, Blame::Resource, resource.holds).await {
+                        let waited = match retry_after {
+                            // At least as long as the target asked.
+                            Some(after) => {
+                                let pause = self.resource_pause(resource.holds).max(*after);
+                                self.hold_for(&msg, pause).await
+                            }
+                            None => self.hold(&msg, Blame::Resource, resource.holds).await,
+                        };
+                        if !waited {
                             tracing::info!("stopping while the database cannot do the work; the delivery will be redelivered");
                             break;
                         }
@@ -502,13 +511,19 @@ impl Consumer {
             self.pause();
             return self.wait_for_database(msg).await;
         }
-        let pause =
-            service::Backoff::new(self.config.nak_base, self.resource_max_pause()).delay(waits);
+        let pause = self.resource_pause(waits);
         tracing::debug!(
             ?pause,
             waits,
             "the database cannot do the work now; holding the delivery"
         );
+        self.hold_for(msg, pause).await
+    }
+
+    /// Holds `msg` for `pause` with in-progress acks, counted in
+    /// `seawall_consumer_resource_holds_total`; `false` when the consumer is
+    /// stopping.
+    async fn hold_for(&self, msg: &jetstream::Message, pause: Duration) -> bool {
         metrics::counter!("seawall_consumer_resource_holds_total", "consumer" => self.registration.consumer.to_string()).increment(1);
         let period = self.progress_period();
         let until = tokio::time::Instant::now() + pause;
@@ -525,11 +540,15 @@ impl Consumer {
         }
     }
 
-    /// The longest pause between tries of a delivery held for a resource
-    /// failure: short enough that a lock released or a disk freed is
-    /// noticed within seconds.
-    fn resource_max_pause(&self) -> Duration {
-        self.config.nak_max.min(Duration::from_secs(5))
+    /// The pause before the `waits`-th try of a delivery held for a resource
+    /// failure: growing from the nak base to at most 5 s, short enough that
+    /// a lock released or a disk freed is noticed within seconds.
+    fn resource_pause(&self, waits: u32) -> Duration {
+        service::Backoff::new(
+            self.config.nak_base,
+            self.config.nak_max.min(Duration::from_secs(5)),
+        )
+        .delay(waits)
     }
 
     /// Pauses the consumer until the database answers (see `outage`).
@@ -553,7 +572,7 @@ impl Consumer {
             },
             Err(err) => match err.blame() {
                 Blame::Outage => Handled::Outage(err.to_string()),
-                Blame::Resource => Handled::Resource(err.to_string()),
+                Blame::Resource => Handled::Resource(err.to_string(), None),
                 Blame::Message => Handled::Failed {
                     reason: err.to_string(),
                     permanent: err.is_permanent(),

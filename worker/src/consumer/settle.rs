@@ -38,9 +38,11 @@ pub(super) enum Handled {
     /// The database was unreachable: not the message's fault.
     Outage(String),
     /// The database answered but could not do the work now (a lock or
-    /// statement timeout, a full disk, read-only): not the message's fault.
-    /// The consumer holds the delivery and tries again, up to its patience.
-    Resource(String),
+    /// statement timeout, a full disk, read-only), or an effect's target is
+    /// down or overloaded: not the message's fault. The consumer holds the
+    /// delivery and tries again, up to its patience, waiting at least as
+    /// long as the target asked (`Retry-After`).
+    Resource(String, Option<Duration>),
 }
 
 impl Handled {
@@ -101,7 +103,7 @@ impl Consumer {
             // Only when not held (the consumer holds these up to its
             // patience, and turns them into failures after it): redeliver
             // later, without counting a failure or dead-lettering.
-            Handled::Resource(reason) => {
+            Handled::Resource(reason, _) => {
                 let delay = self.nak_delay(delivered);
                 tracing::warn!(
                     error = reason,
@@ -129,7 +131,7 @@ impl Consumer {
             Handled::Done { duplicate: true } => self.count("duplicate"),
             Handled::Done { duplicate: false } => self.count("processed"),
             Handled::Failed { .. } => self.count("failed"),
-            Handled::Held(_) | Handled::Parked | Handled::Outage(_) | Handled::Resource(_) => {}
+            Handled::Held(_) | Handled::Parked | Handled::Outage(_) | Handled::Resource(..) => {}
         }
         let verdict = self.verdict(handled, delivered);
         tracing::debug!(?verdict, delivered, "settling the delivery");
