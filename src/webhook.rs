@@ -84,11 +84,20 @@ impl Effect for Webhook {
                 .body(envelope.payload.clone())
                 .send()
                 .await
-                // Refused, reset, timed out, no answer: the receiver is down
-                // or unreachable, which is no fault of the event.
-                .map_err(|e| HandlerError::Unavailable {
-                    reason: format!("POST {}: {e}", self.url),
-                    retry_after: None,
+                .map_err(|e| {
+                    let reason = format!("POST {}: {e}", self.url);
+                    if e.is_connect() {
+                        // Refused or unreachable before anything was sent:
+                        // the receiver is down, which is no fault of the event.
+                        HandlerError::Unavailable {
+                            reason,
+                            retry_after: None,
+                        }
+                    } else {
+                        // Sent, perhaps received (a timeout, a reset): an
+                        // attempt that counts.
+                        HandlerError::Failed(reason.into())
+                    }
                 })?;
             let status = response.status();
             if status.is_success() {
@@ -100,12 +109,24 @@ impl Effect for Webhook {
                 Err(HandlerError::Rejected(format!(
                     "webhook refused the event: HTTP {status}"
                 )))
-            } else {
-                // 408, 429 and 5xx: overloaded or failing for now.
+            } else if matches!(
+                status,
+                StatusCode::REQUEST_TIMEOUT
+                    | StatusCode::TOO_MANY_REQUESTS
+                    | StatusCode::BAD_GATEWAY
+                    | StatusCode::SERVICE_UNAVAILABLE
+                    | StatusCode::GATEWAY_TIMEOUT
+            ) {
+                // Overloaded, or down behind a proxy: try again later.
                 Err(HandlerError::Unavailable {
                     reason: format!("webhook answered HTTP {status}"),
                     retry_after: retry_after(response.headers()),
                 })
+            } else {
+                // A 500 or another answer: the receiver failed on this event.
+                Err(HandlerError::Failed(
+                    format!("webhook answered HTTP {status}").into(),
+                ))
             }
         })
     }

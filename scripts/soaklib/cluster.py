@@ -128,9 +128,10 @@ class Cluster:
             "SEAWALL_MAX_DELIVER": str(self.args.max_deliver),
             # The ledger's `hook` consumer, a two-phase claim per recorded entry.
             "TESTBED_WEBHOOK_URL": self.webhook.url,
-            "SEAWALL_CLAIM_LEASE_MS": str(self.args.ack_wait_ms),
-            # An effect's claim must outlive its handling time.
-            "SEAWALL_MAX_HANDLING_MS": str(self.args.ack_wait_ms),
+            # An effect's claim must outlive its handling time, which must
+            # outlive the slow-handler fault (ack wait + 1 s).
+            "SEAWALL_CLAIM_LEASE_MS": str(2 * self.args.ack_wait_ms + 2000),
+            "SEAWALL_MAX_HANDLING_MS": str(2 * self.args.ack_wait_ms + 2000),
             "SEAWALL_STREAM_MAX_AGE_MS": "86400000",
             "SEAWALL_RELAY_POLL_MS": "200",
             "SEAWALL_API_ADDR": f"127.0.0.1:{self.api_port}",

@@ -123,11 +123,6 @@ pub fn is_outage(err: &DbErr) -> bool {
     blame(err) == Blame::Outage
 }
 
-/// True when `err` is a resource failure (see [`Failure::Resource`]).
-pub fn is_resource(err: &DbErr) -> bool {
-    blame(err) == Blame::Resource
-}
-
 const OUTAGE_CONNECTION: &str = "connection";
 const OUTAGE_RESTART: &str = "server_restart";
 const OUTAGE_READ_ONLY: &str = "read_only";
@@ -331,9 +326,9 @@ fn classify_mysql(number: Option<u16>, message: &str) -> Failure {
         Some(1205) => Failure::Resource {
             reason: "lock_timeout",
         },
-        // The server (or a replica promoted late) refuses writes: read_only,
-        // super_read_only, innodb_read_only.
-        Some(1290 | 1836 | 1792) => Failure::Resource {
+        // The server (or a replica promoted late) refuses writes: read_only
+        // and super_read_only (1290, 1836), innodb_read_only (1874).
+        Some(1290 | 1836 | 1874) => Failure::Resource {
             reason: "read_only",
         },
         // max_execution_time (MySQL) and max_statement_time (MariaDB).

@@ -42,6 +42,9 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// See [`SqliteSync`].
     pub synchronous: SqliteSync,
+    /// Whether the pool is for writing: a connection SQLite opened
+    /// read-only is then refused (a pool only for reads takes it).
+    pub writes: bool,
 }
 
 impl Default for SqliteOptions {
@@ -49,6 +52,7 @@ impl Default for SqliteOptions {
         Self {
             busy_timeout: SQLITE_BUSY_TIMEOUT,
             synchronous: SqliteSync::Full,
+            writes: true,
         }
     }
 }
@@ -83,17 +87,18 @@ pub async fn connect_with(
 /// A SQLite file that is not writable when a connection opens (its
 /// permissions changed, a read-only mount) gives a connection that stays
 /// read-only after the file is writable again; such a connection is
-/// refused as the outage it is (unless the URL asked for `mode=ro`), so the
-/// pool never keeps one.
+/// refused as the outage it is (unless the pool is for reads only, or the
+/// URL asked for `mode=ro`), so the pool never keeps one.
 pub fn options(url: &str, max_connections: u32, sqlite: SqliteOptions) -> ConnectOptions {
     let mut opts = ConnectOptions::new(url.to_owned());
     let synchronous = match sqlite.synchronous {
         SqliteSync::Full => SqliteSynchronous::Full,
         SqliteSync::Normal => SqliteSynchronous::Normal,
     };
-    let wants_writes = !url
-        .split_once('?')
-        .is_some_and(|(_, query)| query.split('&').any(|p| p == "mode=ro"));
+    let wants_writes = sqlite.writes
+        && !url
+            .split_once('?')
+            .is_some_and(|(_, query)| query.split('&').any(|p| p == "mode=ro"));
     opts.max_connections(max_connections)
         .min_connections(1)
         // SeaORM hands sqlx one deadline for opening and for borrowing a

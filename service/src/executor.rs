@@ -181,14 +181,19 @@ impl Executor {
                     return Ok(value);
                 }
                 Err(HandlerError::Database(err)) => match classify(&err) {
-                    Failure::Transient { reason } if attempt < self.policy.max_attempts => {
+                    // A resource failure (a lock timeout) may clear within
+                    // the unit's few retries; a longer one is the caller's to
+                    // wait out.
+                    Failure::Transient { reason } | Failure::Resource { reason }
+                        if attempt < self.policy.max_attempts =>
+                    {
                         metrics::counter!("seawall_executor_retries_total", "reason" => reason)
                             .increment(1);
                         let pause = self.policy.backoff(attempt);
                         tracing::debug!(attempt, reason, ?pause, error = %err, "transient database error; re-running the unit");
                         tokio::time::sleep(pause).await;
                     }
-                    Failure::Transient { reason } => {
+                    Failure::Transient { reason } | Failure::Resource { reason } => {
                         metrics::counter!("seawall_executor_exhausted_total", "reason" => reason)
                             .increment(1);
                         tracing::warn!(attempt, reason, error = %err, "transient database error; attempts used up");

@@ -20,11 +20,12 @@ use crate::fault::FaultPoint;
 pub(super) enum Step {
     /// A final ending.
     Handled(Handled),
-    /// The effect was performed but the database was unreachable when it was
-    /// to be recorded: the consumer waits the outage out and records it with
-    /// this same guard (handling the delivery again would find its own live
-    /// claim and, once the lease ran out, perform the effect a second time).
-    Unrecorded {
+    /// The effect was performed; the consumer records it with this same
+    /// guard, outside the handling deadline, waiting out whatever keeps the
+    /// database from writing it (handling the delivery again would find its
+    /// own live claim and, once the lease ran out, perform the effect a
+    /// second time).
+    Performed {
         /// The claim this instance still holds.
         guard: ClaimGuard,
         /// The effect's result, to record.
@@ -68,13 +69,7 @@ impl Claimer<'_> {
         match performed {
             Ok(result) => {
                 FaultPoint::ClaimAfterCall.hit(self.fault);
-                match guard.complete(result.clone()).await {
-                    Err(err) if err.blame() != Blame::Message => {
-                        tracing::warn!(error = %err, "effect performed, not yet recorded: the database cannot write it now; waiting to record it");
-                        Step::Unrecorded { guard, result }
-                    }
-                    completed => Step::Handled(self.completed(completed)),
-                }
+                Step::Performed { guard, result }
             }
             Err(HandlerError::Unavailable {
                 reason,
@@ -147,7 +142,16 @@ where
         match guard.complete(result.clone()).await {
             Err(err) if err.blame() != Blame::Message => {
                 waits += 1;
-                if !wait(err.blame(), waits).await {
+                if waits == 1 {
+                    tracing::warn!(error = %err, "effect performed, not yet recorded: the database cannot write it now; waiting to record it");
+                }
+                // An outage that recurs while the database answers the probe
+                // is waited out with growing pauses, not a pause per try.
+                let blame = match err.blame() {
+                    Blame::Outage if waits > super::MAX_HOLDS => Blame::Resource,
+                    blame => blame,
+                };
+                if !wait(blame, waits).await {
                     // Stopping: the effect happened and its record did not.
                     // The claim stays open; once its lease ends a redelivery
                     // performs the effect again under the same idempotency

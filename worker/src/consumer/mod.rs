@@ -59,6 +59,10 @@ pub const CRASH_ALLOWANCE: i64 = 10;
 /// message's.
 const MAX_HOLDS: u32 = 5;
 
+/// How long a stopping consumer still waits for a performed effect to be
+/// recorded before it gives the delivery back.
+const RECORD_GRACE: Duration = Duration::from_secs(10);
+
 /// How long one delivery has met resource failures.
 #[derive(Debug, Default)]
 struct Resource {
@@ -327,18 +331,21 @@ impl Consumer {
                     let since = *resource.since.get_or_insert_with(tokio::time::Instant::now);
                     if since.elapsed() >= self.config.infra_patience {
                         handled = Handled::failed(format!(
-                            "{reason} (the database could not do the work for {:?}, the infra patience)",
+                            "{reason} (failing for longer than the infra patience, {:?})",
                             self.config.infra_patience
                         ));
                     } else {
                         resource.holds += 1;
                         if resource.holds == 1 {
-                            tracing::warn!(error = reason, "the database cannot do the work now; holding the delivery and trying again");
+                            tracing::warn!(error = reason, "the database or the effect's target cannot do the work now; holding the delivery and trying again");
                         }
                         let waited = match retry_after {
-                            // At least as long as the target asked.
+                            // At least as long as the target asked, within
+                            // what is left of the patience (the message must
+                            // still be in the stream when it gives up).
                             Some(after) => {
-                                let pause = self.resource_pause(resource.holds).max(*after);
+                                let left = self.config.infra_patience.saturating_sub(since.elapsed());
+                                let pause = self.resource_pause(resource.holds).max(*after).min(left);
                                 self.hold_for(&msg, pause).await
                             }
                             None => self.hold(&msg, Blame::Resource, resource.holds).await,
@@ -416,14 +423,30 @@ impl Consumer {
             // Performed: never given up while the process lives. Recording
             // it waits for the database (in-progress acks, no deadline);
             // giving up would let a redelivery perform it a second time.
-            Some(effect::Step::Unrecorded { guard, result }) => {
-                let claimer = claimer.as_ref().expect("only effects go unrecorded");
+            Some(effect::Step::Performed { guard, result }) => {
+                let claimer = claimer.as_ref().expect("only effects are performed");
+                let (claim, message_id) = (guard.id(), guard.idempotency_key().to_owned());
                 let record = effect::record(claimer, &guard, result, |blame, waits| {
                     self.hold(msg, blame, waits)
                 });
-                self.keep_alive(msg, record, None)
-                    .await
-                    .expect("no deadline")
+                // Bounded only by shutdown: a write that hangs (a lock, a
+                // connection gone silent) must not keep a stopping process
+                // from exiting.
+                let stopped = async {
+                    self.stopping.cancelled().await;
+                    tokio::time::sleep(RECORD_GRACE).await;
+                };
+                tokio::select! {
+                    handled = self.keep_alive(msg, record, None) => handled.expect("no deadline"),
+                    () = stopped => {
+                        tracing::error!(
+                            claim,
+                            message_id,
+                            "stopping with an effect performed but not recorded; a redelivery will perform it again under the same idempotency key"
+                        );
+                        Handled::Outage("stopping before the effect was recorded".into())
+                    }
+                }
             }
             None => Handled::failed(format!(
                 "handling took longer than {:?} (max handling time)",

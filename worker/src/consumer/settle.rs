@@ -100,9 +100,10 @@ impl Consumer {
             Handled::Held(wait) => Verdict::Nak(wait),
             Handled::Parked => Verdict::Term,
             Handled::Outage(reason) => Verdict::Outage(reason),
-            // Only when not held (the consumer holds these up to its
-            // patience, and turns them into failures after it): redeliver
-            // later, without counting a failure or dead-lettering.
+            // `Consumer::handle` holds these up to its patience and turns
+            // them into failures after it, so it never settles one; should
+            // one be settled, it is redelivered later, without a failure
+            // counted or a dead letter.
             Handled::Resource(reason, _) => {
                 let delay = self.nak_delay(delivered);
                 tracing::warn!(
