@@ -129,9 +129,10 @@ class Cluster:
             # The ledger's `hook` consumer, a two-phase claim per recorded entry.
             "TESTBED_WEBHOOK_URL": self.webhook.url,
             # An effect's claim must outlive its handling time, which must
-            # outlive the slow-handler fault (ack wait + 1 s).
-            "SEAWALL_CLAIM_LEASE_MS": str(2 * self.args.ack_wait_ms + 2000),
-            "SEAWALL_MAX_HANDLING_MS": str(2 * self.args.ack_wait_ms + 2000),
+            # outlive the slow-handler fault (ack wait + 1 s) and a SIGSTOP
+            # (ack wait + 1.5 s) landing on a delivery slowed by a fault.
+            "SEAWALL_CLAIM_LEASE_MS": str(5 * self.args.ack_wait_ms),
+            "SEAWALL_MAX_HANDLING_MS": str(5 * self.args.ack_wait_ms),
             "SEAWALL_STREAM_MAX_AGE_MS": "86400000",
             "SEAWALL_RELAY_POLL_MS": "200",
             "SEAWALL_API_ADDR": f"127.0.0.1:{self.api_port}",
