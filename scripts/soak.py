@@ -40,7 +40,7 @@ from soaklib.check import Checks
 from soaklib.cluster import Cluster, Webhook
 from soaklib.common import now
 from soaklib.failover import Failover
-from soaklib.faults import DEFAULT_FAULTS, FAILOVER_FAULTS, FAULTS, Faults
+from soaklib.faults import DEFAULT_FAULTS, FAILOVER_FAULTS, FAULTS, WAL_FAULTS, Faults
 from soaklib.load import Load
 
 
@@ -170,7 +170,8 @@ def parse():
     p.add_argument("--rate", type=float, default=500.0, help="messages per second published")
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--faults", help="which of " + ",".join(FAULTS) + " to inject (kills: --kills); default "
-                   + ",".join(DEFAULT_FAULTS) + ", or with --failover " + ",".join(FAILOVER_FAULTS))
+                   + ",".join(DEFAULT_FAULTS) + ", with --outbox-mode wal " + ",".join(WAL_FAULTS)
+                   + ", or with --failover " + ",".join(FAILOVER_FAULTS))
     p.add_argument("--max-deliver", type=int, default=5, help="SEAWALL_MAX_DELIVER: the app's give-up point")
     p.add_argument("--outage", type=float, default=3.0, help="seconds a NATS node stays down")
     p.add_argument("--window-ms", type=int, default=20_000, help="JetStream duplicate window")
@@ -183,7 +184,12 @@ def parse():
                    help="SEAWALL_OUTBOX_MODE: outbox rows, or events in PostgreSQL's WAL relayed from a slot")
     args = p.parse_args()
     if args.faults is None:
-        args.faults = ",".join(FAILOVER_FAULTS if args.failover else DEFAULT_FAULTS)
+        if args.failover:
+            args.faults = ",".join(FAILOVER_FAULTS)
+        elif args.outbox_mode == "wal":
+            args.faults = ",".join(WAL_FAULTS)
+        else:
+            args.faults = ",".join(DEFAULT_FAULTS)
     chosen = set(args.faults.split(","))
     if args.failover and not args.ha_dir:
         p.error("--failover needs --ha-dir")
