@@ -22,11 +22,10 @@
 //! failure stops pulling until one gets through.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer::pull};
+use async_nats::jetstream::{self, consumer::pull};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -38,9 +37,11 @@ use service::dead_letter::REPLAY_OF_HEADER;
 use service::{BoxError, ConsumerName, Envelope, HandlerKind, Inbox, Registration};
 
 mod effect;
+mod hold;
 mod outage;
 mod settle;
 
+use hold::Resource;
 use outage::Outage;
 use settle::Handled;
 
@@ -62,15 +63,6 @@ const MAX_HOLDS: u32 = 5;
 /// How long a stopping consumer still waits for a performed effect to be
 /// recorded before it gives the delivery back.
 const RECORD_GRACE: Duration = Duration::from_secs(10);
-
-/// How long one delivery has met resource failures.
-#[derive(Debug, Default)]
-struct Resource {
-    /// When it first met one.
-    since: Option<tokio::time::Instant>,
-    /// Pauses so far.
-    holds: u32,
-}
 
 /// Longest subject `dead_letter.subject` holds.
 const MAX_SUBJECT_LEN: usize = 255;
@@ -455,34 +447,6 @@ impl Consumer {
         }
     }
 
-    /// Drives `work` to its end while telling JetStream every half ack wait
-    /// that the delivery is still being worked on, so a long handler is not
-    /// redelivered to race itself. `None` once `limit` (if any) has passed;
-    /// `work` is then dropped (its transaction rolls back).
-    async fn keep_alive<F: Future>(
-        &self,
-        msg: &jetstream::Message,
-        work: F,
-        limit: Option<Duration>,
-    ) -> Option<F::Output> {
-        let period = self.progress_period();
-        let deadline = async {
-            match limit {
-                Some(limit) => tokio::time::sleep(limit).await,
-                None => std::future::pending().await,
-            }
-        };
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        tokio::pin!(work, deadline);
-        loop {
-            tokio::select! {
-                out = &mut work => return Some(out),
-                () = &mut deadline => return None,
-                _ = ticks.tick() => progress(msg).await,
-            }
-        }
-    }
-
     /// Where replays of this consumer's dead letters arrive.
     pub fn replay_subject(&self) -> String {
         service::dead_letter::replay_subject(
@@ -511,76 +475,6 @@ impl Consumer {
             }
             _ => msg.subject.to_string(),
         }
-    }
-
-    fn progress_period(&self) -> Duration {
-        (self.config.ack_wait / 2).max(Duration::from_millis(10))
-    }
-
-    /// Returns once the database is up (at once, normally), holding `msg`
-    /// meanwhile; `false` if the consumer is stopping while it is down.
-    async fn wait_for_database(&self, msg: &jetstream::Message) -> bool {
-        self.outage
-            .wait(Some(msg), self.progress_period(), &self.stopping)
-            .await
-    }
-
-    /// Holds `msg` through a failure of the infrastructure's, the `waits`-th
-    /// in a row: until the database answers again for an outage (pausing the
-    /// whole consumer), for a growing pause for a resource failure. `false`
-    /// when the consumer is stopping.
-    async fn hold(&self, msg: &jetstream::Message, blame: Blame, waits: u32) -> bool {
-        if blame == Blame::Outage {
-            self.pause();
-            return self.wait_for_database(msg).await;
-        }
-        let pause = self.resource_pause(waits);
-        tracing::debug!(
-            ?pause,
-            waits,
-            "the database cannot do the work now; holding the delivery"
-        );
-        self.hold_for(msg, pause).await
-    }
-
-    /// Holds `msg` for `pause` with in-progress acks, counted in
-    /// `seawall_consumer_resource_holds_total`; `false` when the consumer is
-    /// stopping.
-    async fn hold_for(&self, msg: &jetstream::Message, pause: Duration) -> bool {
-        metrics::counter!("seawall_consumer_resource_holds_total", "consumer" => self.registration.consumer.to_string()).increment(1);
-        let period = self.progress_period();
-        let until = tokio::time::Instant::now() + pause;
-        loop {
-            let next = until.min(tokio::time::Instant::now() + period);
-            tokio::select! {
-                () = self.stopping.cancelled() => return false,
-                () = tokio::time::sleep_until(next) => {}
-            }
-            if tokio::time::Instant::now() >= until {
-                return true;
-            }
-            progress(msg).await;
-        }
-    }
-
-    /// The pause before the `waits`-th try of a delivery held for a resource
-    /// failure: growing from the nak base to at most 5 s, short enough that
-    /// a lock released or a disk freed is noticed within seconds.
-    fn resource_pause(&self, waits: u32) -> Duration {
-        service::Backoff::new(
-            self.config.nak_base,
-            self.config.nak_max.min(Duration::from_secs(5)),
-        )
-        .delay(waits)
-    }
-
-    /// Pauses the consumer until the database answers (see `outage`).
-    fn pause(&self) {
-        self.outage.begin(
-            self.inbox.executor().db().clone(),
-            self.config.nak_base,
-            self.config.nak_max.min(Duration::from_secs(5)),
-        );
     }
 
     /// The transactional path: the handler behind the inbox marker.
@@ -612,13 +506,6 @@ impl Consumer {
 
     fn max_deliver(&self) -> i64 {
         self.config.max_deliver.max(1)
-    }
-}
-
-/// Resets the delivery's ack wait.
-async fn progress(msg: &jetstream::Message) {
-    if let Err(err) = msg.ack_with(AckKind::Progress).await {
-        tracing::debug!(error = %err, "in-progress ack failed");
     }
 }
 

@@ -78,7 +78,7 @@ impl Outage {
                 () = stop.cancelled() => return false,
                 () = tokio::time::sleep(period) => {
                     if let Some(msg) = msg {
-                        super::progress(msg).await;
+                        super::hold::progress(msg).await;
                     }
                 }
             }
