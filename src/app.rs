@@ -122,7 +122,7 @@ impl Application {
         if roles.api {
             api::check_exposure(settings.api_addr, settings.admin_token.as_deref())?;
         }
-        migration::apply(&db).await.context("applying migrations")?;
+        wait_out_database("applying migrations", || migration::apply(&db)).await?;
         // The workers cannot start without NATS; the API alone can.
         let nats = crate::nats::connect_with(settings, !roles.workers()).await?;
         let client = nats.client;
@@ -388,13 +388,12 @@ const START_UP_DATABASE_WAIT: Duration = Duration::from_secs(60);
 /// A process restarted during a failover meets a proxy with no server
 /// behind it, which accepts connections and closes them. Exiting then
 /// would turn a 15 s failover into a supervisor's restart loop with
-/// growing pauses, so an outage (as [`service::classify::is_outage`] tells
-/// it: a refused, closed or unanswered connection, and also what cannot be
-/// told from one, such as a host name that does not resolve yet or a TLS
-/// handshake that fails) is retried with backoff, each attempt's error
-/// logged, until [`START_UP_DATABASE_WAIT`] has passed; the attempts and
-/// pauses are cut to that deadline. Any other error (a bad password, an
-/// unknown database) stops start-up at once.
+/// growing pauses, so the connection is tried as [`wait_out_database`]
+/// tells: an outage (a refused, closed or unanswered connection, and also
+/// what cannot be told from one, such as a host name that does not resolve
+/// yet or a TLS handshake that fails) or a server short of a resource is
+/// retried; any other error (a bad password, an unknown database) stops
+/// start-up at once.
 ///
 /// # Errors
 /// The database answers with an error, or is still unreachable after the wait.
@@ -403,22 +402,50 @@ pub async fn connect_db_waiting(
     max: u32,
     sqlite: service::db::SqliteOptions,
 ) -> Result<DatabaseConnection> {
+    wait_out_database(&connecting_to(url), || {
+        service::db::connect_with(url, max, sqlite)
+    })
+    .await
+}
+
+/// Runs a start-up step against the database (connecting, applying
+/// migrations, creating a slot), retrying it while the database is up but
+/// cannot do it yet.
+///
+/// A process restarted by its supervisor during a failover, a read-only
+/// window (a disk filling up, an operator's `default_transaction_read_only`)
+/// or a lock storm would otherwise exit at its first statement and be
+/// restarted again and again with growing pauses, coming back long after
+/// the database has. So an error blamed on the database
+/// ([`service::classify::Blame::Outage`] or `Resource`) is logged and the
+/// step retried with backoff until [`START_UP_DATABASE_WAIT`] has passed,
+/// each attempt and pause cut to that deadline; an error blamed on the
+/// request (a bad password, a migration that does not apply) stops start-up
+/// at once.
+///
+/// # Errors
+/// The step failing for a reason of its own, or the database still unable
+/// to do it after the wait; either names `what`.
+pub async fn wait_out_database<T, F, Fut>(what: &str, mut step: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sea_orm::DbErr>>,
+{
+    use service::classify::{Blame, blame};
     let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
     let gave_up = || {
         format!(
-            "{}: still unreachable after {} s",
-            connecting_to(url),
+            "{what}: the database still could not do it after {} s",
             START_UP_DATABASE_WAIT.as_secs()
         )
     };
     let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let mut failures = 0;
     loop {
-        let connect = service::db::connect_with(url, max, sqlite);
-        let err = match tokio::time::timeout_at(deadline, connect).await {
-            Ok(Ok(db)) => return Ok(db),
-            Ok(Err(err)) if service::classify::is_outage(&err) => err,
-            Ok(Err(err)) => return Err(err).with_context(|| connecting_to(url)),
+        let err = match tokio::time::timeout_at(deadline, step()).await {
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(err)) if blame(&err) != Blame::Message => err,
+            Ok(Err(err)) => return Err(err).context(what.to_owned()),
             Err(_) => return Err(anyhow::anyhow!(gave_up())),
         };
         failures += 1;
@@ -431,7 +458,8 @@ pub async fn connect_db_waiting(
         tracing::warn!(
             error = %err,
             attempt = failures,
-            "the database is unreachable; waiting for it before starting"
+            step = what,
+            "the database cannot do this yet; waiting for it before starting"
         );
         tokio::time::sleep(pause).await;
     }

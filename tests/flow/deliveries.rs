@@ -256,7 +256,7 @@ async fn a_process_started_while_the_database_is_down_waits_for_it() {
         || async {
             consume
                 .log_text()
-                .contains("the database is unreachable; waiting for it before starting")
+                .contains("the database cannot do this yet; waiting for it before starting")
         },
     )
     .await;
@@ -265,6 +265,67 @@ async fn a_process_started_while_the_database_is_down_waits_for_it() {
         consume.log_text().contains("seawall is running")
     })
     .await;
+    consume.assert_no_panic();
+}
+
+/// A supervisor restarting a process while the database is read-only (a
+/// disk filling up, an operator's `default_transaction_read_only`) must not
+/// see it exit at its migrations: it waits until the database takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_started_while_the_database_is_read_only_waits_for_it() {
+    let t = TestDb::empty(Backend::Postgres).await;
+    let nats = NatsServer::start().await;
+    let database: String =
+        t.db.query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT current_database()::text AS name",
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get("", "name")
+        .unwrap();
+    t.db.execute_unprepared(&format!(
+        "ALTER DATABASE {database} SET default_transaction_read_only = on"
+    ))
+    .await
+    .unwrap();
+    let consume = Seawall::spawn_seawall(&["consume"], &env(&t.url, &nats.url(), &[]));
+    wait_until(
+        "the process waiting for the database",
+        Duration::from_secs(30),
+        || async {
+            let log = consume.log_text();
+            log.contains("the database cannot do this yet; waiting for it before starting")
+                && log.contains("read-only transaction")
+        },
+    )
+    .await;
+    // Writable again: sessions opened while it was not keep their setting,
+    // so they are ended, as a restart of the server would.
+    t.db.execute_unprepared(&format!(
+        "ALTER DATABASE {database} RESET default_transaction_read_only"
+    ))
+    .await
+    .unwrap();
+    t.db.execute_unprepared(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+    ))
+    .await
+    .unwrap();
+    wait_until("the process running", Duration::from_secs(60), || async {
+        consume.log_text().contains("seawall is running")
+    })
+    .await;
+    let applied: Option<sea_orm::QueryResult> =
+        t.db.query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT 1 AS one FROM seaql_migrations LIMIT 1",
+        ))
+        .await
+        .unwrap();
+    assert!(applied.is_some(), "the migrations were applied");
     consume.assert_no_panic();
 }
 

@@ -52,19 +52,10 @@ async fn run() -> Result<()> {
     let db = seawall::app::connect_db_waiting(&settings.database_url, 2, settings.sqlite()).await?;
     // A process restarted while the database restarts meets the outage
     // here too: wait it out, as `connect_db_waiting` did.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        match domain::create_tables(&db).await {
-            Ok(()) => break,
-            Err(err)
-                if service::classify::is_outage(&err) && tokio::time::Instant::now() < deadline =>
-            {
-                tracing::warn!(error = %err, "the database is unreachable; waiting to create the ledger's tables");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(err) => return Err(err).context("creating the ledger's tables"),
-        }
-    }
+    seawall::app::wait_out_database("creating the ledger's tables", || {
+        domain::create_tables(&db)
+    })
+    .await?;
     db.close().await.ok();
     let domain = ledger(&settings)?;
     seawall::app::serve(&settings, roles, domain).await
