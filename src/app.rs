@@ -92,6 +92,7 @@ pub struct Application {
     consumers: Vec<Consumer>,
     maintenance: Option<Maintenance>,
     api: Option<(std::net::SocketAddr, api::AppState)>,
+    probes: Option<(tokio::net::TcpListener, api::probes::Probes)>,
 }
 
 /// The sweeper and pruner of a consuming process.
@@ -181,6 +182,30 @@ impl Application {
             ),
             _ => None,
         };
+        // A process without the admin API serves its probes and metrics on
+        // a listener of its own, bound here so a taken port stops start-up.
+        let probes = match settings.metrics_addr() {
+            Some(addr) if !roles.api => {
+                let listener = api::probes::bind(addr)
+                    .await
+                    .context("serving probes and metrics (metrics_addr)")?;
+                let checks = consumers
+                    .iter()
+                    .map(|c| {
+                        let health = c.health();
+                        Arc::new(move || health.problem()) as api::probes::RoleCheck
+                    })
+                    .collect();
+                let probes = api::probes::Probes {
+                    db: db.clone(),
+                    nats: Some(client.clone()),
+                    metrics: metrics.clone(),
+                    checks,
+                };
+                Some((listener, probes))
+            }
+            _ => None,
+        };
         let api = roles.api.then(|| {
             let state = api::AppState {
                 db,
@@ -205,6 +230,7 @@ impl Application {
             consumers,
             maintenance,
             api,
+            probes,
         })
     }
 
@@ -249,6 +275,10 @@ impl Application {
         if let Some((addr, state)) = self.api {
             let cancel = cancel.clone();
             tasks.spawn(async move { Ok(api::serve(addr, state, cancel).await?) });
+        }
+        if let Some((listener, probes)) = self.probes {
+            let cancel = cancel.clone();
+            tasks.spawn(async move { Ok(api::probes::serve(listener, probes, cancel).await?) });
         }
         // A loop that ends first (failed, or done) stops the others; so does
         // the token. The first failure, whenever it comes, is the result.

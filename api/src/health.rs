@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use migration::{Migrator, MigratorTrait};
+use sea_orm::DatabaseConnection;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -31,12 +32,22 @@ pub async fn healthz() -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses((status = 200, body = Health), (status = 503, body = ErrorBody)))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    answer(problems(&state.db, state.nats.as_ref()).await)
+}
+
+/// What keeps a process from being ready: the database unreachable or
+/// behind on migrations, the broker (when the process uses one)
+/// disconnected.
+pub(crate) async fn problems(
+    db: &DatabaseConnection,
+    nats: Option<&async_nats::Client>,
+) -> Vec<String> {
     let mut problems = Vec::new();
-    if let Err(err) = state.db.ping().await {
+    if let Err(err) = db.ping().await {
         tracing::warn!(error = %err, "readiness: database unreachable");
         problems.push("database unreachable".to_owned());
     } else {
-        match Migrator::get_pending_migrations_read_only(&state.db).await {
+        match Migrator::get_pending_migrations_read_only(db).await {
             Ok(pending) if pending.is_empty() => {}
             Ok(pending) => problems.push(format!("{} migration(s) not applied", pending.len())),
             Err(err) => {
@@ -45,11 +56,16 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             }
         }
     }
-    if let Some(client) = &state.nats
+    if let Some(client) = nats
         && client.connection_state() != async_nats::connection::State::Connected
     {
         problems.push("NATS not connected".to_owned());
     }
+    problems
+}
+
+/// 200 `ok` without problems, 503 `not_ready` naming them.
+pub(crate) fn answer(problems: Vec<String>) -> Response {
     if problems.is_empty() {
         Json(Health {
             status: "ok".into(),

@@ -23,6 +23,7 @@ mod journey;
 pub mod metrics;
 mod outbox;
 mod page;
+pub mod probes;
 mod stats;
 
 use std::net::SocketAddr;

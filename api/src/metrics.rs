@@ -73,6 +73,10 @@ fn describe() {
         "Deliveries handled, by consumer and outcome (processed, duplicate, failed)."
     );
     metrics::describe_gauge!(
+        "seawall_consumer_paused",
+        "1 while a consumer is paused for a database outage and holds its deliveries, by consumer"
+    );
+    metrics::describe_gauge!(
         "seawall_relay_heartbeat_timestamp_seconds",
         "Unix time of this process's last relay round that reached the database."
     );

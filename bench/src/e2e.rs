@@ -42,6 +42,8 @@ async fn start(
     let mut settings = Settings {
         nats_url: nats_url.to_owned(),
         consumer_concurrency: 32,
+        // Nothing scrapes the benchmark's process.
+        metrics_addr: "off".to_owned(),
         ..Settings::default()
     };
     if let Some(url) = wal_url {

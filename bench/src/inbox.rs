@@ -449,25 +449,37 @@ fn report(messages: u64) -> Report {
     report
 }
 
-/// Runs the scenario on SQLite and PostgreSQL.
+/// Runs the scenario on PostgreSQL and on SQLite, twice: with the default
+/// `synchronous = FULL` (a commit survives a power cut) and with `NORMAL`
+/// (`SEAWALL_SQLITE_SYNCHRONOUS=normal`), so the price of durability is a
+/// row apart.
 pub async fn run(pg: &mut PgServer, messages: u64) -> Result<Report> {
     let mut report = report(messages);
     let dir = tempfile::tempdir()?;
-    let sqlite = service::db::connect(
-        &format!(
-            "sqlite://{}?mode=rwc",
-            dir.path().join("bench.db").display()
-        ),
-        16,
-    )
-    .await?;
-    migration::Migrator::up(&sqlite, None).await?;
-    testkit::ledger::create_tables(&sqlite).await?;
     let (pg_db, _) = pg.fresh("inbox").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
-    report.version("SQLite", sqlite_version(&sqlite).await?);
     on_backend(&mut report, "PostgreSQL", &pg_db, messages).await?;
-    on_backend(&mut report, "SQLite", &sqlite, messages).await?;
+    for (label, synchronous) in [
+        ("SQLite", service::db::SqliteSync::Full),
+        ("SQLite synchronous=NORMAL", service::db::SqliteSync::Normal),
+    ] {
+        let file = dir.path().join(format!("bench-{synchronous:?}.db"));
+        let sqlite = service::db::connect_with(
+            &format!("sqlite://{}?mode=rwc", file.display()),
+            16,
+            service::db::SqliteOptions {
+                synchronous,
+                ..service::db::SqliteOptions::default()
+            },
+        )
+        .await?;
+        migration::Migrator::up(&sqlite, None).await?;
+        testkit::ledger::create_tables(&sqlite).await?;
+        if !report.has_version("SQLite") {
+            report.version("SQLite", sqlite_version(&sqlite).await?);
+        }
+        on_backend(&mut report, label, &sqlite, messages).await?;
+    }
     Ok(report)
 }
 

@@ -77,6 +77,7 @@ async fn backlog(
         .env("SEAWALL_DATABASE_URL", &url)
         .env("SEAWALL_NATS_URL", nats_url)
         .env("SEAWALL_STREAM_MAX_AGE_MS", "3600000")
+        .env("SEAWALL_METRICS_ADDR", "127.0.0.1:0")
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {} relay", exe.display()))?;

@@ -31,6 +31,7 @@ mod m20261130_000009_create_pending_key_index;
 mod m20261201_000010_add_outbox_causation;
 mod m20261201_000011_create_throughput_minute;
 mod m20261201_000012_create_wal_relay_position;
+mod m20261202_000013_unbounded_received_subjects;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -90,6 +91,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000010_add_outbox_causation::Migration),
             Box::new(m20261201_000011_create_throughput_minute::Migration),
             Box::new(m20261201_000012_create_wal_relay_position::Migration),
+            Box::new(m20261202_000013_unbounded_received_subjects::Migration),
         ];
         // The domain's tables come after the platform's: sea-orm records
         // each migration by name, so the order only matters on a fresh

@@ -41,13 +41,19 @@ class Webhook:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.handler = Handler
+        self.server = None
 
     def start(self):
+        """Listens (again): a stopped receiver refuses connections."""
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self):
-        self.server.shutdown()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
 
 
 
@@ -58,7 +64,7 @@ class Cluster:
     def ports_free(self):
         """Refuses to start over servers left by an earlier soak that was
         killed: its stream would mix old messages into this run's checks."""
-        # (The webhook receiver has bound its own port already.)
+        # (The webhook receiver is already listening on its own port.)
         ports = [p for ports in self.nats_ports for p in ports] + [self.api_port, self.proxy_port]
         for port in ports:
             with socket.socket() as s:
@@ -136,6 +142,8 @@ class Cluster:
             "SEAWALL_STREAM_MAX_AGE_MS": "86400000",
             "SEAWALL_RELAY_POLL_MS": "200",
             "SEAWALL_API_ADDR": f"127.0.0.1:{self.api_port}",
+            # Relays and consumers serve their probes on ports of their own.
+            "SEAWALL_METRICS_ADDR": "127.0.0.1:0",
             "SEAWALL_LOG": "info",
             "SEAWALL_OUTBOX_MODE": self.args.outbox_mode,
         })

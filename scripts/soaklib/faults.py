@@ -19,6 +19,7 @@ FAULTS = {
     "commit": "fault_commit",
     "lockstorm": "fault_lockstorm",
     "readonly": "fault_readonly",
+    "webhook": "fault_webhook",
     # Only with --failover (soaklib/failover.py): the database is a Patroni cluster.
     "switchover": "fault_switchover",
     "failover": "fault_failover",
@@ -27,9 +28,9 @@ FAULTS = {
 # single server's restart with the cluster's switchover and failover.
 DEFAULT_FAULTS = [f for f in FAULTS if f not in ("switchover", "failover")]
 # Faults that change the database's settings run in the table-mode soak on
-# the single server only: a process (re)started while the database is
-# read-only exits at its migrations (a known limit, docs/guarantees.md), and
-# the WAL and failover soaks restart processes on schedules of their own.
+# the single server only: the WAL relay's start-up (its slot) does not wait
+# them out as the migrations do (docs/guarantees.md), and the WAL and
+# failover soaks restart processes on schedules of their own.
 DATABASE_SETTING_FAULTS = ("lockstorm", "readonly")
 WAL_FAULTS = [f for f in DEFAULT_FAULTS if f not in DATABASE_SETTING_FAULTS]
 FAILOVER_FAULTS = [f for f in FAULTS if f != "pg" and f not in DATABASE_SETTING_FAULTS]
@@ -164,6 +165,20 @@ class Faults:
             lambda: time.sleep(window))
         self.log("fault", f"database read-only for {window} s")
         self.wait_ready("read-only database", started)
+
+    def fault_webhook(self):
+        """The hook consumer's receiver down (connections refused) for 20 s:
+        every effect meets an outage of its target, which must spend no
+        delivery, quarantine no claim and dead-letter nothing; each event is
+        delivered once the receiver is back."""
+        started = now()
+        window = 20
+        self.webhook.stop()
+        self.log("fault", f"webhook receiver down for {window} s")
+        time.sleep(window)
+        self.webhook.start()
+        self.log("restore", "webhook receiver back")
+        self.wait_ready("webhook receiver down", started)
 
     def restart_with(self, name, env):
         self.procs[name].send_signal(signal.SIGTERM)

@@ -40,6 +40,9 @@ pub struct Settings {
     pub nats_key_file: Option<PathBuf>,
     pub nats_tls_first: bool,
     pub api_addr: SocketAddr,
+    /// Where a `relay` or `consume` process (which has no admin API)
+    /// serves `/metrics`, `/healthz` and `/readyz`: an address, or `off`.
+    pub metrics_addr: String,
     pub admin_token: Option<String>,
     /// A read replica of `database_url` for the admin API's lists, details
     /// and stats; its writes still go to `database_url`.
@@ -47,6 +50,12 @@ pub struct Settings {
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub ack_wait_ms: u64,
     pub max_deliver: i64,
+    /// The nak delay after a message's first failed delivery; it doubles
+    /// per delivery up to `nak_max_ms`.
+    #[serde(deserialize_with = "service::millis::deserialize")]
+    pub nak_base_ms: u64,
+    #[serde(deserialize_with = "service::millis::deserialize")]
+    pub nak_max_ms: u64,
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub max_handling_ms: u64,
     /// How long a resource failure (a lock or statement timeout, a full
@@ -122,10 +131,13 @@ impl Default for Settings {
             nats_key_file: None,
             nats_tls_first: false,
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            metrics_addr: DEFAULT_METRICS_ADDR.to_owned(),
             admin_token: None,
             admin_database_url: None,
             ack_wait_ms: 30_000,
             max_deliver: 5,
+            nak_base_ms: 10_000,
+            nak_max_ms: 300_000,
             max_handling_ms: 300_000,
             infra_patience_ms: 15 * 60_000,
             sqlite_synchronous: service::db::SqliteSync::Full,
@@ -196,7 +208,17 @@ pub(crate) fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigEr
     }
 }
 
+/// The probes' default address: OpenTelemetry's Prometheus exporter port, on
+/// loopback. Two processes on one host need their own (`SEAWALL_METRICS_ADDR`).
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+
 impl Settings {
+    /// Where a process without the admin API serves its probes and metrics;
+    /// `None` when `metrics_addr = "off"`.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr.parse().ok()
+    }
+
     /// The broker settings that bound redelivery.
     pub fn broker(&self) -> BrokerSettings {
         BrokerSettings {
@@ -275,6 +297,8 @@ impl Settings {
         worker::ConsumerConfig {
             ack_wait: Duration::from_millis(self.ack_wait_ms),
             max_deliver: self.max_deliver,
+            nak_base: Duration::from_millis(self.nak_base_ms),
+            nak_max: Duration::from_millis(self.nak_max_ms),
             concurrency: self.consumer_concurrency,
             max_handling: Duration::from_millis(self.max_handling_ms),
             infra_patience: Duration::from_millis(self.infra_patience_ms),
@@ -433,6 +457,7 @@ impl Settings {
             ("relay_retry_max_ms", self.relay_retry_max_ms),
             ("consumer_concurrency", self.consumer_concurrency as u64),
             ("max_handling_ms", self.max_handling_ms),
+            ("nak_base_ms", self.nak_base_ms),
             ("stream_replicas", self.stream_replicas as u64),
             ("prune_interval_ms", self.prune_interval_ms),
             ("prune_batch_size", self.prune_batch_size),
@@ -448,12 +473,30 @@ impl Settings {
             return Err(invalid("duplicate_window_ms", "must be at least 1"));
         }
         self.check_patience()?;
+        if self.nak_max_ms < self.nak_base_ms {
+            return Err(invalid(
+                "nak_max_ms",
+                format!(
+                    "{} ms is shorter than nak_base_ms ({} ms)",
+                    self.nak_max_ms, self.nak_base_ms
+                ),
+            ));
+        }
         if self.claim_lease_ms < self.max_handling_ms {
             return Err(invalid(
                 "claim_lease_ms",
                 format!(
                     "{} ms is shorter than max_handling_ms ({} ms): an effect still running within its handling time would lose its claim to the sweeper or another delivery, and be performed twice",
                     self.claim_lease_ms, self.max_handling_ms
+                ),
+            ));
+        }
+        if self.metrics_addr != "off" && self.metrics_addr.parse::<SocketAddr>().is_err() {
+            return Err(invalid(
+                "metrics_addr",
+                format!(
+                    "{:?} is neither an address (host:port) nor `off`",
+                    self.metrics_addr
                 ),
             ));
         }

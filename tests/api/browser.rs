@@ -1,5 +1,6 @@
 //! The dashboard in a real headless Chromium: it loads, shows the numbers the
-//! API reports, and its replay button moves a dead letter back into flow.
+//! API reports, its replay button moves a dead letter back into flow, and a
+//! dead letter replayed meanwhile by someone else is shown refused (409).
 
 use std::time::Duration;
 
@@ -42,12 +43,23 @@ async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
         .exec_without_returning(&t.db)
         .await
         .unwrap();
+    dead_letter::Entity::insert(dead("ledger", Some("replayed-elsewhere")))
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
     dead_letter::Entity::insert(dead("ledger", None))
         .exec_without_returning(&t.db)
         .await
         .unwrap();
     let id = dead_letter::Entity::find()
         .filter(dead_letter::Column::MessageId.eq("replay-me"))
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    let stale = dead_letter::Entity::find()
+        .filter(dead_letter::Column::MessageId.eq("replayed-elsewhere"))
         .one(&t.db)
         .await
         .unwrap()
@@ -67,6 +79,7 @@ async fn the_dashboard_shows_the_api_numbers_and_replays_a_dead_letter() {
             &id.to_string(),
             screenshot.to_str().unwrap(),
             journey.to_str().unwrap(),
+            &stale.to_string(),
         ])
         .output()
         .await

@@ -1,9 +1,12 @@
 """Drives the seawall dashboard in headless Chromium.
 
-Usage: dashboard_check.py BASE_URL TOKEN DEAD_LETTER_ID SCREENSHOT JOURNEY_SCREENSHOT
+Usage: dashboard_check.py BASE_URL TOKEN DEAD_LETTER_ID SCREENSHOT JOURNEY_SCREENSHOT STALE_ID
 
 Loads the page, enters the token, checks that the cards show the numbers the
-API reports, clicks the replay button of the given dead letter, waits for the
+API reports; replays dead letter STALE_ID through the API behind the page's
+back (another operator) and clicks its button on the page, which must show
+the refusal (409, naming when it was replayed); then clicks the replay button
+of the given dead letter, waits for the
 page to confirm it, then opens the replayed message's journey and waits until
 it shows the message processed. Exits non-zero with a message on any mismatch.
 """
@@ -14,11 +17,12 @@ import urllib.request
 
 from playwright.sync_api import sync_playwright
 
-base, token, dead_letter_id, screenshot, journey_screenshot = sys.argv[1:6]
+base, token, dead_letter_id, screenshot, journey_screenshot, stale_id = sys.argv[1:7]
 
 
-def api(path):
-    req = urllib.request.Request(base + "/api/v1" + path, headers={"Authorization": "Bearer " + token})
+def api(path, method="GET"):
+    req = urllib.request.Request(base + "/api/v1" + path, method=method,
+                                 headers={"Authorization": "Bearer " + token})
     with urllib.request.urlopen(req) as res:
         return json.load(res)
 
@@ -55,6 +59,19 @@ with sync_playwright() as p:
         if text != str(expected):
             sys.exit(f"{element} shows {text!r}, the API reports {expected}")
     page.screenshot(path=screenshot, full_page=True)
+    # Another operator replays STALE_ID; this page still lists it.
+    stale = "#replay-dead-letter-" + stale_id
+    page.wait_for_selector(stale, timeout=10000)
+    api("/dead-letters/" + stale_id + "/replay", method="POST")
+    page.click(stale)
+    try:
+        page.wait_for_function(
+            "() => { const s = document.getElementById('status').textContent;"
+            " return s.includes('Replay failed: 409') && s.includes('replayed at'); }",
+            timeout=15000)
+    except Exception:
+        sys.exit("a second replay was not shown refused; the status says: "
+                 + page.inner_text("#status"))
     button = "#replay-dead-letter-" + dead_letter_id
     page.wait_for_selector(button, timeout=10000)
     page.click(button)

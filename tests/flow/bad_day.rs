@@ -2,7 +2,9 @@
 //! timeout, a read-only server, a file it cannot write) is not the
 //! message's fault: the consumer holds its deliveries through it, and no
 //! valid message becomes a dead letter. Each test runs a `consume` process
-//! with default settings on a real server, injects the fault for a fixed
+//! with default settings (but the kit's fast nak schedule, under which a
+//! fault counted against the messages spends their deliveries sooner) on a
+//! real server, injects the fault for a fixed
 //! time while messages flow (long enough for every delivery to be spent if
 //! the fault counted against the messages), and counts what was applied.
 
@@ -212,4 +214,71 @@ fn url_parts(url: &str) -> UrlParts {
         host: host.into(),
         port: port.into(),
     }
+}
+
+/// A handler that runs past `MAX_HANDLING_MS` loses its delivery: the
+/// transaction is dropped (nothing applied) and the delivery counts as a
+/// failure of the message, so it ends as a dead letter naming the handling
+/// time instead of being held with in-progress acks forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_past_its_handling_time_fails_its_deliveries() {
+    let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
+    let consume = Seawall::spawn(
+        &["consume"],
+        &env(
+            &t.url,
+            &nats.url(),
+            &[
+                ("TESTBED_WORK_MS", "4000"),
+                ("SEAWALL_MAX_HANDLING_MS", "1000"),
+                ("SEAWALL_ACK_WAIT_MS", "2000"),
+                ("SEAWALL_MAX_DELIVER", "2"),
+            ],
+        ),
+    );
+    publish(&js, 1).await;
+    wait_until("the dead letter", Duration::from_secs(60), || async {
+        count::<DeadLetter>(&t.db).await == 1
+    })
+    .await;
+    let dead = DeadLetter::find().one(&t.db).await.unwrap().unwrap();
+    assert!(dead.error.contains("max handling time"), "{}", dead.error);
+    assert_eq!(dead.deliveries, 2);
+    assert_eq!(count::<Entry>(&t.db).await, 0, "nothing applied");
+    consume.assert_no_panic();
+}
+
+/// SIGTERM while deliveries are held for a resource failure (a lock past
+/// the lock timeout): the process stops promptly and cleanly, spending
+/// nothing; the held messages are redelivered to the next process once the
+/// lock is gone and are applied once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_while_deliveries_are_held_stops_cleanly_and_loses_nothing() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    t.db.execute_unprepared(&format!(
+        "ALTER DATABASE {} SET lock_timeout = '200ms'",
+        database_of(&t.url)
+    ))
+    .await
+    .unwrap();
+    let mut first = consume(&t.url, &nats.url()).await;
+    let locker = connect(&t.url, 1).await;
+    let txn = locker.begin().await.unwrap();
+    txn.execute_unprepared("LOCK TABLE ledger_entry, ledger_balance IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    publish(&js, 20).await;
+    wait_until("deliveries held", Duration::from_secs(30), || async {
+        first.log_text().contains("lock timeout")
+    })
+    .await;
+    let stopped = tokio::time::timeout(Duration::from_secs(30), first.terminate())
+        .await
+        .expect("the process stops within its shutdown deadline, not its patience");
+    assert!(stopped.success(), "{}", first.log_text());
+    first.assert_no_panic();
+    assert_eq!(count::<DeadLetter>(&t.db).await, 0);
+    txn.commit().await.unwrap();
+    let second = consume(&t.url, &nats.url()).await;
+    all_applied_once(&t.db, 20, &second).await;
 }

@@ -268,6 +268,54 @@ async fn a_process_started_while_the_database_is_down_waits_for_it() {
     consume.assert_no_panic();
 }
 
+/// A message failing for a reason of its own is redelivered on the
+/// configured nak schedule, not at once: with `NAK_BASE_MS` = `NAK_MAX_MS` =
+/// 1 s and three deliveries, its two naks take at least 0.5 s each (the
+/// jitter keeps half), and it is dead-lettered well before the default
+/// schedule (10 s, then 20 s) would allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_message_is_redelivered_on_the_configured_nak_schedule() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    for sql in [
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'account closed'; END $$",
+        "CREATE TRIGGER refuse BEFORE INSERT ON ledger_entry FOR EACH ROW EXECUTE FUNCTION refuse()",
+    ] {
+        t.db.execute_unprepared(sql).await.unwrap();
+    }
+    let consume = Seawall::spawn(
+        &["consume"],
+        &env(
+            &t.url,
+            &nats.url(),
+            &[
+                ("SEAWALL_NAK_BASE_MS", "1s"),
+                ("SEAWALL_NAK_MAX_MS", "1s"),
+                ("SEAWALL_MAX_DELIVER", "3"),
+            ],
+        ),
+    );
+    wait_until("the consumer running", Duration::from_secs(60), || async {
+        consume.log_text().contains("consumer started")
+    })
+    .await;
+    let published = tokio::time::Instant::now();
+    publish_entries(&js, &[("doomed".to_owned(), req("acct", 1))]).await;
+    wait_until("the dead letter", Duration::from_secs(12), || async {
+        count::<DeadLetter>(&t.db).await == 1
+    })
+    .await;
+    let waited = published.elapsed();
+    let dead = DeadLetter::find().one(&t.db).await.unwrap().unwrap();
+    assert_eq!(dead.deliveries, 3);
+    assert!(dead.error.contains("account closed"), "{}", dead.error);
+    assert!(
+        waited >= Duration::from_secs(1),
+        "two naks of at least 0.5 s each, dead-lettered after {waited:?}"
+    );
+    assert_eq!(count::<Entry>(&t.db).await, 0);
+    consume.assert_no_panic();
+}
+
 /// A supervisor restarting a process while the database is read-only (a
 /// disk filling up, an operator's `default_transaction_read_only`) must not
 /// see it exit at its migrations: it waits until the database takes writes.

@@ -12,6 +12,7 @@ mod journey;
 mod nats_secure;
 mod otel;
 mod poison;
+mod probes;
 mod races;
 mod relay;
 mod relay_edges;

@@ -17,6 +17,7 @@ use service::{ConsumerName, Executor, HandlerError, Inbox, Registry};
 use worker::{Consumer, ConsumerConfig};
 
 use crate::helpers::{publish_entries, publish_raw, req, wait_for_rows, with_ledger_stream};
+use crate::on_backends;
 use crate::support::{Backend, TestDb, wait_until};
 
 async fn start_consumers(
@@ -194,3 +195,38 @@ async fn two_consumers_of_one_subject_each_apply_a_message_once() {
     }
     assert_eq!(t.count(Entry).await, 100);
 }
+
+/// A subject longer than 255 bytes (the broker takes subjects up to its
+/// control line) is held in full by the dead letter, which keeps the
+/// message's id: before the columns were unbounded text, the insert failed
+/// with a value-too-long error on PostgreSQL and MariaDB and the message
+/// was nak'ed forever with no row.
+async fn a_long_subject_is_dead_lettered_whole_with_its_id(backend: Backend) {
+    let (t, _nats, js) = with_ledger_stream(backend).await;
+    let registry = Registry::new().register_handler(
+        ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
+        "ledger.>",
+        LedgerHandler::default(),
+    );
+    let (cancel, tasks) = start_consumers(&t, &js, registry).await;
+    let subject = format!("ledger.{}", "s".repeat(300));
+    let msg = async_nats::jetstream::message::PublishMessage::build()
+        .payload("{not json".into())
+        .message_id("long-subject");
+    js.send_publish(subject.clone(), msg)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    wait_for_rows::<DeadLetter>(&t.db, 1, Duration::from_secs(30)).await;
+    cancel.cancel();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let dead = DeadLetter::find().one(&t.db).await.unwrap().unwrap();
+    assert_eq!(dead.subject, subject);
+    assert_eq!(dead.message_id.as_deref(), Some("long-subject"));
+    assert!(dead.error.contains("malformed"), "{}", dead.error);
+}
+
+on_backends!(a_long_subject_is_dead_lettered_whole_with_its_id: postgres, mysql);

@@ -271,3 +271,21 @@ fn a_claim_lease_shorter_than_the_handling_time_stops_startup_naming_both() {
     fails_naming(&out, "claim_lease_ms");
     fails_naming(&out, "shorter than max_handling_ms");
 }
+
+#[test]
+fn a_nak_schedule_that_shrinks_stops_startup_naming_the_key() {
+    let out = seawall(
+        &["migrate"],
+        &[("SEAWALL_NAK_BASE_MS", "1m"), ("SEAWALL_NAK_MAX_MS", "10s")],
+    );
+    fails_naming(&out, "nak_max_ms");
+    fails_naming(&out, "shorter than nak_base_ms");
+    let out = seawall(&["migrate"], &[("SEAWALL_NAK_BASE_MS", "0")]);
+    fails_naming(&out, "nak_base_ms");
+}
+
+#[test]
+fn a_metrics_address_that_is_not_one_stops_startup_naming_the_key() {
+    let out = seawall(&["migrate"], &[("SEAWALL_METRICS_ADDR", "everywhere")]);
+    fails_naming(&out, "metrics_addr");
+}

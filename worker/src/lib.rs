@@ -23,7 +23,7 @@ pub mod relay;
 pub mod server_errors;
 pub mod streams;
 
-pub use consumer::{Consumer, ConsumerConfig};
+pub use consumer::{Consumer, ConsumerConfig, ConsumerHealth};
 pub use drain::drain;
 pub use fault::FaultPoint;
 pub use relay::{Relay, RelayConfig, RelayReport};

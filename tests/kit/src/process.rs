@@ -13,9 +13,23 @@ pub struct Seawall {
     _dir: tempfile::TempDir,
 }
 
+/// Settings every spawned process starts with; a test's own environment
+/// overrides them.
+/// - A nak schedule of 0.1 s to 2 s instead of the production one (10 s
+///   doubling to 5 min): a failing message reaches its dead letter within
+///   seconds, and a test of a failure that must not spend deliveries (an
+///   outage, a downstream that is down) fails fast and surely if it does.
+/// - Probes on a port of the system's choosing: tests run many `relay` and
+///   `consume` processes on one host at once (the address is logged).
+pub const TEST_SETTINGS: [(&str, &str); 3] = [
+    ("SEAWALL_NAK_BASE_MS", "100"),
+    ("SEAWALL_NAK_MAX_MS", "2000"),
+    ("SEAWALL_METRICS_ADDR", "127.0.0.1:0"),
+];
+
 impl Seawall {
     /// Starts `seawall <args>` with the given environment (plus
-    /// `SEAWALL_LOG=info`). The long-running roles (`run`, `relay`,
+    /// `SEAWALL_LOG=info` and [`TEST_SETTINGS`]). The long-running roles (`run`, `relay`,
     /// `consume`, `api`) run the test domain, through `seawall-testbed` (the
     /// same `Application` as `seawall`, on the kit's [`crate::ledger`]);
     /// the other commands run `seawall` itself.
@@ -38,11 +52,11 @@ impl Seawall {
         let log = dir.path().join("seawall.log");
         let file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(program);
-        cmd.args(args)
-            .env("SEAWALL_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true);
+        cmd.args(args).env("SEAWALL_LOG", "info");
+        for (k, v) in TEST_SETTINGS {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::null()).stderr(file).kill_on_drop(true);
         for (k, v) in env {
             cmd.env(k, v);
         }

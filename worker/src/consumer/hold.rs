@@ -11,6 +11,14 @@ use service::classify::Blame;
 
 use super::Consumer;
 
+/// How often a delivery held for the infrastructure (a resource failure, an
+/// outage) tries again: from 0.1 s, doubling, to at most 5 s.
+const INFRA_BACKOFF: service::Backoff = service::Backoff {
+    base: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+    jitter: true,
+};
+
 /// How long one delivery has met resource failures.
 #[derive(Debug, Default)]
 pub(super) struct Resource {
@@ -91,23 +99,20 @@ impl Consumer {
     }
 
     /// The pause before the `waits`-th try of a delivery held for a resource
-    /// failure: growing from the nak base to at most 5 s, short enough that
-    /// a lock released or a disk freed is noticed within seconds.
+    /// failure: growing from 0.1 s to at most 5 s, short enough that a lock
+    /// released or a disk freed is noticed within seconds. It does not
+    /// follow the nak schedule, which spaces a failing message's deliveries
+    /// over minutes.
     pub(super) fn resource_pause(&self, waits: u32) -> Duration {
-        service::Backoff::new(self.config.nak_base, self.longest_pause()).delay(waits)
-    }
-
-    /// The longest pause between tries while the infrastructure fails.
-    fn longest_pause(&self) -> Duration {
-        self.config.nak_max.min(Duration::from_secs(5))
+        INFRA_BACKOFF.delay(waits)
     }
 
     /// Pauses the consumer until the database answers (see `outage`).
     pub(super) fn pause(&self) {
         self.outage.begin(
             self.inbox.executor().db().clone(),
-            self.config.nak_base,
-            self.longest_pause(),
+            INFRA_BACKOFF,
+            self.registration.consumer.to_string(),
         );
     }
 }

@@ -79,7 +79,10 @@ pub struct ConsumerConfig {
     pub max_deliver: i64,
     /// Messages handled at once per consumer in this process.
     pub concurrency: usize,
-    /// Delay of the first nak; doubles per delivery.
+    /// Delay of the first nak of a message that failed for a reason of its
+    /// own; doubles per delivery (each jittered between half and all of
+    /// it), so a failing message's deliveries span minutes and a
+    /// downstream's blip of a few seconds does not spend them all.
     pub nak_base: Duration,
     /// Longest nak delay.
     pub nak_max: Duration,
@@ -102,8 +105,8 @@ impl ConsumerConfig {
             ack_wait: Duration::from_secs(30),
             max_deliver: 5,
             concurrency: 16,
-            nak_base: Duration::from_millis(100),
-            nak_max: Duration::from_secs(30),
+            nak_base: Duration::from_secs(10),
+            nak_max: Duration::from_secs(300),
             max_handling: Duration::from_secs(300),
             infra_patience: Duration::from_secs(15 * 60),
             fault: None,
@@ -126,6 +129,27 @@ pub enum ConsumerError {
         #[source]
         source: BoxError,
     },
+}
+
+/// Whether a running consumer can take deliveries (see [`Consumer::health`]).
+#[derive(Debug, Clone)]
+pub struct ConsumerHealth {
+    consumer: ConsumerName,
+    outage: Arc<Outage>,
+}
+
+impl ConsumerHealth {
+    /// Why the consumer cannot handle messages now, if it cannot: it is
+    /// paused for a database outage and holds its deliveries. A process in
+    /// that state is up but not ready.
+    pub fn problem(&self) -> Option<String> {
+        self.outage.is_down().then(|| {
+            format!(
+                "consumer {} is paused: the database is unreachable",
+                self.consumer
+            )
+        })
+    }
 }
 
 /// Runs one registered consumer.
@@ -156,6 +180,15 @@ impl Consumer {
             config,
             outage: Arc::default(),
             stopping: CancellationToken::new(),
+        }
+    }
+
+    /// A handle on this consumer's state for readiness probes, kept after
+    /// the consumer has moved into its task.
+    pub fn health(&self) -> ConsumerHealth {
+        ConsumerHealth {
+            consumer: self.registration.consumer.clone(),
+            outage: Arc::clone(&self.outage),
         }
     }
 

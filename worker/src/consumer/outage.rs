@@ -27,14 +27,19 @@ pub(super) struct Outage {
 impl Outage {
     /// Marks the database down and, if it was up, starts the probe that
     /// marks it up again once `db.ping()` succeeds.
-    pub(super) fn begin(self: &Arc<Self>, db: DatabaseConnection, base: Duration, max: Duration) {
+    pub(super) fn begin(
+        self: &Arc<Self>,
+        db: DatabaseConnection,
+        backoff: service::Backoff,
+        consumer: String,
+    ) {
         if self.down.swap(true, Ordering::SeqCst) {
             return;
         }
         tracing::warn!("database unreachable; pausing the consumer until it answers");
-        metrics::gauge!("seawall_consumer_paused").set(1.0);
+        let paused = metrics::gauge!("seawall_consumer_paused", "consumer" => consumer);
+        paused.set(1.0);
         let this = Arc::clone(self);
-        let backoff = service::Backoff::new(base, max);
         tokio::spawn(async move {
             let mut probes = 0;
             loop {
@@ -51,10 +56,15 @@ impl Outage {
                 }
             }
             this.down.store(false, Ordering::SeqCst);
-            metrics::gauge!("seawall_consumer_paused").set(0.0);
+            paused.set(0.0);
             tracing::info!("database answers again; resuming the consumer");
             this.recovered.notify_waiters();
         });
+    }
+
+    /// Whether the consumer is paused for an outage.
+    pub(super) fn is_down(&self) -> bool {
+        self.down.load(Ordering::SeqCst)
     }
 
     /// Returns `true` at once while the database is up; otherwise waits for

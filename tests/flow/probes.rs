@@ -1,0 +1,124 @@
+//! `relay` and `consume` processes, which have no admin API, serve
+//! `/healthz`, `/readyz` and `/metrics` on `SEAWALL_METRICS_ADDR`: what they
+//! record can be scraped, and a consumer paused for a database outage is up
+//! but not ready.
+
+use std::time::Duration;
+
+use crate::helpers::{env, publish_entries, req, with_ledger_stream};
+use crate::support::process::Seawall;
+use crate::support::proxy::{Proxy, upstream_of};
+use crate::support::{Backend, free_port, http_client, wait_until};
+
+/// GET `url`: the status and body, or `None` while nothing answers.
+async fn get(url: &str) -> Option<(u16, String)> {
+    let res = http_client().get(url).send().await.ok()?;
+    let status = res.status().as_u16();
+    Some((status, res.text().await.ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consume_process_serves_probes_and_is_not_ready_while_paused_for_an_outage() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let base = format!("http://127.0.0.1:{}", free_port());
+    let consume = Seawall::spawn(
+        &["consume"],
+        &env(
+            &proxy.url_for(&t.url, upstream),
+            &nats.url(),
+            &[("SEAWALL_METRICS_ADDR", base.trim_start_matches("http://"))],
+        ),
+    );
+    wait_until("ready", Duration::from_secs(60), || async {
+        get(&format!("{base}/readyz")).await.map(|r| r.0) == Some(200)
+    })
+    .await;
+    assert_eq!(get(&format!("{base}/healthz")).await.unwrap().0, 200);
+    publish_entries(&js, &[("probe-1".to_owned(), req("acct", 1))]).await;
+    wait_until(
+        "the delivery counted in /metrics",
+        Duration::from_secs(30),
+        || async {
+            get(&format!("{base}/metrics"))
+                .await
+                .is_some_and(|(_, text)| {
+                    text.contains("seawall_consumer_messages_total") && text.contains("processed")
+                })
+        },
+    )
+    .await;
+    let (status, _) = get(&format!("{base}/api/v1/stats")).await.unwrap();
+    assert_eq!(status, 404, "the probes listener serves no admin routes");
+
+    proxy.cut();
+    publish_entries(&js, &[("probe-2".to_owned(), req("acct", 1))]).await;
+    wait_until(
+        "not ready while paused",
+        Duration::from_secs(30),
+        || async {
+            get(&format!("{base}/readyz"))
+                .await
+                .is_some_and(|(status, body)| status == 503 && body.contains("paused"))
+        },
+    )
+    .await;
+    assert_eq!(
+        get(&format!("{base}/healthz")).await.unwrap().0,
+        200,
+        "alive all the same"
+    );
+    proxy.restore();
+    wait_until("ready again", Duration::from_secs(60), || async {
+        get(&format!("{base}/readyz")).await.map(|r| r.0) == Some(200)
+    })
+    .await;
+    consume.assert_no_panic();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_process_serves_its_metrics() {
+    let (t, nats, _js) = with_ledger_stream(Backend::Sqlite).await;
+    let base = format!("http://127.0.0.1:{}", free_port());
+    let relay = Seawall::spawn(
+        &["relay"],
+        &env(
+            &t.url,
+            &nats.url(),
+            &[("SEAWALL_METRICS_ADDR", base.trim_start_matches("http://"))],
+        ),
+    );
+    wait_until(
+        "the relay's heartbeat in /metrics",
+        Duration::from_secs(60),
+        || async {
+            get(&format!("{base}/metrics"))
+                .await
+                .is_some_and(|(_, text)| text.contains("seawall_relay_heartbeat_timestamp_seconds"))
+        },
+    )
+    .await;
+    assert_eq!(get(&format!("{base}/readyz")).await.unwrap().0, 200);
+    relay.assert_no_panic();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_taken_metrics_port_stops_startup_naming_the_key() {
+    let (t, nats, _js) = with_ledger_stream(Backend::Sqlite).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut relay = Seawall::spawn(
+        &["relay"],
+        &env(&t.url, &nats.url(), &[("SEAWALL_METRICS_ADDR", &addr)]),
+    );
+    let status = tokio::time::timeout(Duration::from_secs(60), relay.wait())
+        .await
+        .expect("the process exits");
+    assert!(!status.success());
+    assert!(
+        relay.log_text().contains("metrics_addr"),
+        "{}",
+        relay.log_text()
+    );
+}
