@@ -29,7 +29,8 @@ use crate::config::Settings;
 /// `consume` and `api` one each, so each can be scaled on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Roles {
-    /// The outbox relay.
+    /// The outbox relay, with the pruner (a deployment that only produces
+    /// must prune its outbox too).
     pub relay: bool,
     /// The consumers, with the claim sweeper and the pruner.
     pub consume: bool,
@@ -95,11 +96,12 @@ pub struct Application {
     probes: Option<(tokio::net::TcpListener, api::probes::Probes)>,
 }
 
-/// The sweeper and pruner of a consuming process.
+/// The pruner of a consuming or relaying process, and the claim sweeper of
+/// a consuming one.
 struct Maintenance {
     db: DatabaseConnection,
-    sweep: service::sweep::SweepPolicy,
-    sweep_interval: Duration,
+    /// The claim sweeper's policy and interval: claims are the consumers'.
+    sweep: Option<(service::sweep::SweepPolicy, Duration)>,
     retention: PruneConfig,
     prune_interval: Duration,
 }
@@ -167,10 +169,16 @@ impl Application {
         } else {
             Vec::new()
         };
-        let maintenance = roles.consume.then(|| Maintenance {
+        // A deployment that only produces (relays, no consumers) must
+        // still prune its outbox and rollup, so relays prune too.
+        let maintenance = (roles.consume || roles.relay).then(|| Maintenance {
             db: db.clone(),
-            sweep: settings.sweep(),
-            sweep_interval: Duration::from_millis(settings.sweep_interval_ms),
+            sweep: roles.consume.then(|| {
+                (
+                    settings.sweep(),
+                    Duration::from_millis(settings.sweep_interval_ms),
+                )
+            }),
             retention,
             prune_interval: Duration::from_millis(settings.prune_interval_ms),
         });
@@ -265,11 +273,13 @@ impl Application {
             tasks.spawn(async move { Ok(consumer.run(cancel).await?) });
         }
         if let Some(m) = self.maintenance {
-            let sweeper =
-                maintenance::run_sweeper(m.db.clone(), m.sweep, m.sweep_interval, cancel.clone());
+            if let Some((policy, interval)) = m.sweep {
+                let sweeper =
+                    maintenance::run_sweeper(m.db.clone(), policy, interval, cancel.clone());
+                tasks.spawn(sweeper.map(Ok));
+            }
             let pruner =
                 maintenance::run_pruner(m.db, m.retention, m.prune_interval, cancel.clone());
-            tasks.spawn(sweeper.map(Ok));
             tasks.spawn(pruner.map(Ok));
         }
         if let Some((addr, state)) = self.api {

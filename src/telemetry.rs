@@ -79,13 +79,17 @@ pub fn json_logs() -> bool {
     json_format().unwrap_or(false)
 }
 
-/// The log filter `SEAWALL_LOG` names, `warn` when unset.
+/// Warnings, and the admin API's audit trail (`api::audit`): by default a
+/// process logs who retried, replayed or released what.
+const DEFAULT_LOG_FILTER: &str = "warn,seawall_audit=info";
+
+/// The log filter `SEAWALL_LOG` names, [`DEFAULT_LOG_FILTER`] when unset.
 fn log_filter() -> Result<EnvFilter, TelemetryError> {
     match std::env::var("SEAWALL_LOG") {
         Ok(directives) if !directives.trim().is_empty() => {
             EnvFilter::try_new(directives).map_err(TelemetryError::LogFilter)
         }
-        _ => Ok(EnvFilter::new("warn")),
+        _ => Ok(EnvFilter::new(DEFAULT_LOG_FILTER)),
     }
 }
 
@@ -125,8 +129,11 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
             .with_filter(log_filter)
             .boxed()
     } else {
+        // Colour codes only for a person at a terminal: a file or a pipe
+        // (a supervisor's journal, a log shipper) gets plain text.
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_filter(log_filter)
             .boxed()
     };

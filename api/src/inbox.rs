@@ -140,16 +140,29 @@ pub async fn list_inbox(
     Ok(Json(Page::from_rows(rows, limit, |r: &InboxRow| r.id)))
 }
 
-/// Releases a stuck claim so the next delivery or replay takes it: an open
-/// claim loses its lease; a quarantined one (a person decided the effect did
-/// not happen) is un-quarantined with a fresh attempt count.
-#[utoipa::path(post, path = "/api/v1/inbox/{id}/release", tag = "inbox", params(("id" = i64, Path, description = "Inbox marker id")),
+/// How a release is asked for.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReleaseQuery {
+    /// Release a claim whose lease has not run out (refused with 409
+    /// otherwise: its effect may be running, and a redelivery would perform
+    /// it again).
+    pub force: Option<bool>,
+}
+
+/// Releases a stuck claim so the next delivery or replay takes it: an
+/// expired claim loses its lease; a quarantined one (a person decided the
+/// effect did not happen) is un-quarantined with a fresh attempt count. A
+/// claim under a live lease is refused (409, naming its holder and when the
+/// lease ends) unless `force=true`.
+#[utoipa::path(post, path = "/api/v1/inbox/{id}/release", tag = "inbox", params(("id" = i64, Path, description = "Inbox marker id"), ReleaseQuery),
     responses((status = 200, body = InboxRow), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn release_claim(
     State(state): State<AppState>,
     Path(id): Path<i64>,
+    Query(q): Query<ReleaseQuery>,
 ) -> Result<Json<InboxRow>, ApiError> {
-    match service::claim::release(&state.db, id).await? {
+    match service::claim::release(&state.db, id, q.force.unwrap_or(false)).await? {
         Release::Released(m) => {
             let m = inbox_message::Summary::from(*m);
             let now = Utc::now();
@@ -160,6 +173,10 @@ pub async fn release_claim(
         Release::NotFound => Err(ApiError::NotFound(format!("no inbox marker with id {id}"))),
         Release::Processed => Err(ApiError::Conflict(format!(
             "inbox marker {id} is processed; there is no claim to release"
+        ))),
+        Release::LiveLease { until, claimed_by } => Err(ApiError::Conflict(format!(
+            "the claim of inbox marker {id} is held by {} until {until}: its effect may be running now, and a release would let a redelivery perform it again. Release with force=true only if its holder is gone",
+            claimed_by.as_deref().unwrap_or("an unnamed instance")
         ))),
     }
 }

@@ -12,6 +12,7 @@
 //! - `error`, `extract`, `auth`, `page`: JSON errors, extractors that produce
 //!   them, the token check, pagination.
 
+pub mod audit;
 mod auth;
 mod dashboard;
 mod dead_letters;
@@ -232,6 +233,7 @@ async fn method_not_allowed() -> axum::response::Response {
 /// The whole router with its limits: body size, request timeout, JSON 404/405.
 pub fn router(state: AppState) -> Router {
     let (protected, _) = protected()
+        .layer(from_fn_with_state(state.clone(), audit::record))
         .layer(from_fn_with_state(state.clone(), auth::require_token))
         .split_for_parts();
     let (public, _) = public().split_for_parts();
@@ -283,7 +285,8 @@ pub async fn serve_listener(
     })?;
     check_exposure(addr, state.config.token.as_deref())?;
     tracing::info!(%addr, "admin API listening");
-    axum::serve(listener, router(state))
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
         .map_err(|source| ServeError::Bind { addr, source })

@@ -246,16 +246,18 @@ pub async fn retry_outbox(
 pub async fn retry_dead(
     State(state): State<AppState>,
     Body(filter): Body<RetryFilter>,
-) -> Result<Json<Affected>, ApiError> {
+) -> Result<(axum::Extension<crate::audit::Changed>, Json<Affected>), ApiError> {
     let dead = OutboxFilter {
         state: Some(OutboxState::Dead),
         subject: filter.subject,
         created: created(filter.from, filter.to)?,
         ..OutboxFilter::default()
     };
-    Ok(Json(Affected {
-        affected: retry(&state, &dead).await?,
-    }))
+    let affected = retry(&state, &dead).await?;
+    Ok((
+        axum::Extension(crate::audit::Changed(affected)),
+        Json(Affected { affected }),
+    ))
 }
 
 /// Retries the rows and wakes this process's relay, if it runs one, so

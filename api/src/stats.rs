@@ -224,12 +224,15 @@ pub(crate) async fn current(
 /// Runs retention pruning now and returns how many rows it removed.
 #[utoipa::path(post, path = "/api/v1/prune", tag = "stats",
     responses((status = 200, body = PruneReport), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
-pub async fn run_prune(State(state): State<AppState>) -> Result<Json<PruneReport>, ApiError> {
+pub async fn run_prune(
+    State(state): State<AppState>,
+) -> Result<(axum::Extension<crate::audit::Changed>, Json<PruneReport>), ApiError> {
     let config = state.config.prune.ok_or_else(|| {
         ApiError::Unavailable("no retention is configured for this API process".into())
     })?;
     let report = retention::prune(&state.db, &config, Utc::now()).await?;
     report.record_metrics();
     tracing::info!(?report, "pruned on request");
-    Ok(Json(report.into()))
+    let changed = crate::audit::Changed(report.inbox + report.outbox);
+    Ok((axum::Extension(changed), Json(report.into())))
 }

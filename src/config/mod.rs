@@ -359,7 +359,13 @@ impl Settings {
         }
         if roles.relay {
             let rounds = u32::try_from(self.relay_concurrency).unwrap_or(u32::MAX);
-            needed = needed.saturating_add(rounds).saturating_add(1);
+            // The LISTEN connection, and the pruner when no consumer
+            // brought one.
+            let pruner = u32::from(!roles.consume);
+            needed = needed
+                .saturating_add(rounds)
+                .saturating_add(1)
+                .saturating_add(pruner);
             if self.outbox_mode == service::OutboxMode::Wal {
                 // The WAL relay's hand-overs to the table.
                 needed = needed.saturating_add(1);

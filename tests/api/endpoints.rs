@@ -361,6 +361,26 @@ async fn inbox_states_and_release(backend: Backend) {
         409
     );
     assert_eq!(api.post("/api/v1/inbox/999999/release", None).await.0, 404);
+    // A claim under a live lease may have its effect running: a release
+    // (say from a page a lagging replica showed as expired) would let a
+    // redelivery perform it again, so it is refused unless forced.
+    let live = id_of(&api.get("/api/v1/inbox?message_id=c1").await.1);
+    let (status, body) = api
+        .post(&format!("/api/v1/inbox/{live}/release"), None)
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("force=true"), "{message}");
+    let (_, row) = api.get("/api/v1/inbox?message_id=c1").await;
+    assert!(
+        !row["items"][0]["lease_until"].is_null(),
+        "the live claim keeps its lease"
+    );
+    let (status, row) = api
+        .post(&format!("/api/v1/inbox/{live}/release?force=true"), None)
+        .await;
+    assert_eq!(status, 200);
+    assert!(row["lease_until"].is_null() && row["claimed_by"].is_null());
 }
 on_backends!(inbox_states_and_release: sqlite, postgres);
 

@@ -4,6 +4,7 @@ use testkit as support;
 use testkit::on_backends;
 
 mod alerts;
+mod audit;
 mod browser;
 mod endpoints;
 mod harness;

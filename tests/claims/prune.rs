@@ -179,3 +179,32 @@ async fn startup_refuses_a_retention_the_broker_could_outlive() {
     );
     assert!(p.wait().await.success(), "{}", p.log_text());
 }
+
+/// A deployment that only produces runs relays and no consumers: its relays
+/// prune the outbox, or published rows would pile up for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_only_process_prunes_the_outbox() {
+    let t = TestDb::new(Backend::Sqlite).await;
+    let nats = crate::support::nats::NatsServer::start().await;
+    let events: Vec<_> = (0..50).map(|i| old_event(i, true, false)).collect();
+    outbox_message::Entity::insert_many(events)
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    let relay = Seawall::spawn(
+        &["relay"],
+        &[
+            ("SEAWALL_DATABASE_URL", t.url.clone()),
+            ("SEAWALL_NATS_URL", nats.url()),
+            ("SEAWALL_OUTBOX_RETENTION_MS", "3600000".to_owned()),
+            ("SEAWALL_PRUNE_INTERVAL_MS", "200".to_owned()),
+        ],
+    );
+    crate::support::wait_until(
+        "the published rows pruned",
+        Duration::from_secs(60),
+        || async { outbox_message::Entity::find().count(&t.db).await.unwrap() == 0 },
+    )
+    .await;
+    relay.assert_no_panic();
+}

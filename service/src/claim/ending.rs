@@ -113,6 +113,15 @@ pub enum Release {
     NotFound,
     /// The marker is processed: there is no claim to release.
     Processed,
+    /// The claim is held under a lease that has not run out: its effect may
+    /// be running right now, and releasing it would let a redelivery
+    /// perform it a second time. Refused unless forced.
+    LiveLease {
+        /// When the lease runs out.
+        until: DateTime<Utc>,
+        /// The instance holding it.
+        claimed_by: Option<String>,
+    },
     /// Released; the marker as it is now (boxed: a marker carries its
     /// message's payload).
     Released(Box<inbox_message::Model>),
@@ -124,14 +133,33 @@ pub enum Release {
 /// attempt count. Its message must then be replayed: a quarantined claim's
 /// message was terminated at the broker.
 ///
+/// A claim under a live lease is refused ([`Release::LiveLease`]) unless
+/// `force`: the page an operator acted on may have been read from a replica
+/// that showed the lease expired, while its holder is performing the effect.
+/// The check is repeated in the update itself, so a claim taken between the
+/// read and the write is not released either.
+///
 /// # Errors
 /// Database errors.
-pub async fn release(db: &DatabaseConnection, id: i64) -> Result<Release, DbErr> {
+pub async fn release(db: &DatabaseConnection, id: i64, force: bool) -> Result<Release, DbErr> {
+    let now = Utc::now();
     let Some(row) = inbox_message::Entity::find_by_id(id).one(db).await? else {
         return Ok(Release::NotFound);
     };
     if row.processed_at.is_some() {
         return Ok(Release::Processed);
+    }
+    let live = |row: &inbox_message::Model| match row.lease_until {
+        Some(until) if row.quarantined_at.is_none() && until > now && !force => {
+            Some(Release::LiveLease {
+                until,
+                claimed_by: row.claimed_by.clone(),
+            })
+        }
+        _ => None,
+    };
+    if let Some(refused) = live(&row) {
+        return Ok(refused);
     }
     let mut update = inbox_message::Entity::update_many()
         .col_expr(
@@ -147,16 +175,27 @@ pub async fn release(db: &DatabaseConnection, id: i64) -> Result<Release, DbErr>
             )
             .col_expr(Column::Attempts, Expr::value(0));
     }
-    update
+    update = update
         .filter(Column::Id.eq(id))
-        .filter(Column::ProcessedAt.is_null())
-        .exec(db)
-        .await?;
-    tracing::info!(id, message_id = %row.message_id, consumer = %row.consumer, "claim released by an operator");
-    Ok(match inbox_message::Entity::find_by_id(id).one(db).await? {
-        Some(row) if row.processed_at.is_none() => Release::Released(Box::new(row)),
-        Some(_) => Release::Processed,
+        .filter(Column::ProcessedAt.is_null());
+    if !force {
+        update = update.filter(
+            sea_orm::Condition::any()
+                .add(Column::LeaseUntil.is_null())
+                .add(Column::LeaseUntil.lte(now))
+                .add(Column::QuarantinedAt.is_not_null()),
+        );
+    }
+    let changed = update.exec(db).await?.rows_affected;
+    let after = inbox_message::Entity::find_by_id(id).one(db).await?;
+    Ok(match after {
         None => Release::NotFound,
+        Some(row) if row.processed_at.is_some() => Release::Processed,
+        Some(row) if changed == 0 => live(&row).unwrap_or(Release::Released(Box::new(row))),
+        Some(row) => {
+            tracing::info!(id, message_id = %row.message_id, consumer = %row.consumer, force, "claim released by an operator");
+            Release::Released(Box::new(row))
+        }
     })
 }
 
