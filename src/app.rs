@@ -179,7 +179,12 @@ impl Application {
                     Duration::from_millis(settings.sweep_interval_ms),
                 )
             }),
-            retention,
+            // Markers are the consumers' to prune: a relay's settings need
+            // not know their redelivery horizon.
+            retention: PruneConfig {
+                inbox: retention.inbox.filter(|_| roles.consume),
+                ..retention
+            },
             prune_interval: Duration::from_millis(settings.prune_interval_ms),
         });
         let reads = match &settings.admin_database_url {
@@ -449,19 +454,22 @@ pub async fn connect_db_waiting(
 }
 
 /// Runs a start-up step against the database (connecting, applying
-/// migrations, creating a slot), retrying it while the database is up but
-/// cannot do it yet.
+/// migrations), retrying it while the database cannot do it yet.
 ///
 /// A process restarted by its supervisor during a failover, a read-only
 /// window (a disk filling up, an operator's `default_transaction_read_only`)
 /// or a lock storm would otherwise exit at its first statement and be
 /// restarted again and again with growing pauses, coming back long after
-/// the database has. So an error blamed on the database
-/// ([`service::classify::Blame::Outage`] or `Resource`) is logged and the
-/// step retried with backoff until [`START_UP_DATABASE_WAIT`] has passed,
-/// each attempt and pause cut to that deadline; an error blamed on the
-/// request (a bad password, a migration that does not apply) stops start-up
-/// at once.
+/// the database has. So an error that is the database's (an outage, a
+/// resource failure, or a transient one such as a deadlock or a busy SQLite
+/// file: [`service::classify::Failure::Transient`] and `Resource`) is
+/// logged and the step retried with backoff until [`START_UP_DATABASE_WAIT`]
+/// has passed; an error of the request itself (a bad password, a migration
+/// that does not apply) stops start-up at once. The deadline decides only
+/// whether another attempt starts: an attempt that is running (a migration
+/// rewriting a large table) is never cut off, since a migration dropped
+/// half-way would be repeated, and dropped again, at every restart. A
+/// connection attempt is bounded by the pool's own acquire timeout.
 ///
 /// # Errors
 /// The step failing for a reason of its own, or the database still unable
@@ -471,7 +479,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, sea_orm::DbErr>>,
 {
-    use service::classify::{Blame, blame};
+    use service::classify::{Failure, classify};
     let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
     let gave_up = || {
         format!(
@@ -482,12 +490,16 @@ where
     let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let mut failures = 0;
     loop {
-        let err = match tokio::time::timeout_at(deadline, step()).await {
-            Ok(Ok(done)) => return Ok(done),
-            Ok(Err(err)) if blame(&err) != Blame::Message => err,
-            Ok(Err(err)) => return Err(err).context(what.to_owned()),
-            Err(_) => return Err(anyhow::anyhow!(gave_up())),
+        let err = match step().await {
+            Ok(done) => return Ok(done),
+            Err(err) => err,
         };
+        if !matches!(
+            classify(&err),
+            Failure::Transient { .. } | Failure::Resource { .. }
+        ) {
+            return Err(err).context(what.to_owned());
+        }
         failures += 1;
         let pause = backoff
             .delay(failures)

@@ -104,7 +104,7 @@ async fn run() -> Result<()> {
             let verb = if dry_run { "would_delete" } else { "deleted" };
             println!(
                 "{}",
-                serde_json::json!({ verb: report, "inbox_retention_ms": retention.inbox.as_millis() as u64, "outbox_retention_ms": retention.outbox.as_millis() as u64 })
+                serde_json::json!({ verb: report, "inbox_retention_ms": retention.inbox.map(|d| d.as_millis() as u64), "outbox_retention_ms": retention.outbox.as_millis() as u64 })
             );
         }
         Command::Stats => {

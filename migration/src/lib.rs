@@ -52,6 +52,12 @@ pub async fn apply(db: &DatabaseConnection) -> Result<(), DbErr> {
             let txn = db.begin().await?;
             txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
                 .await?;
+            // A migration that waits for a table's lock (a long transaction
+            // holding it) queues every other session's access to that table
+            // behind it: give up after a few seconds instead, as a lock
+            // timeout, which start-up retries (`seawall::app::wait_out_database`).
+            txn.execute_unprepared("SET LOCAL lock_timeout = '5s'")
+                .await?;
             Migrator::up(&txn, None).await?;
             txn.commit().await
         }

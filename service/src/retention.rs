@@ -93,8 +93,10 @@ pub fn check_inbox_retention(
 /// What to prune.
 #[derive(Debug, Clone, Copy)]
 pub struct PruneConfig {
-    /// Processed inbox markers older than this go.
-    pub inbox: Duration,
+    /// Processed inbox markers older than this go; `None` leaves markers
+    /// alone (a relay-only process prunes the outbox, while how long
+    /// markers must outlive redeliveries is the consumers' to judge).
+    pub inbox: Option<Duration>,
     /// Published outbox rows older than this go.
     pub outbox: Duration,
     /// Rows per delete statement (keeps locks short).
@@ -139,14 +141,20 @@ pub async fn prune(
 ) -> Result<PruneReport, DbErr> {
     let batch = config.batch_size.max(1);
     crate::rollup::prune(db, now).await?;
+    let inbox = match config.inbox {
+        Some(age) => {
+            delete_in_batches::<inbox_message::Entity>(
+                db,
+                inbox_message::Column::Id,
+                inbox_expired(cutoff(now, age)),
+                batch,
+            )
+            .await?
+        }
+        None => 0,
+    };
     Ok(PruneReport {
-        inbox: delete_in_batches::<inbox_message::Entity>(
-            db,
-            inbox_message::Column::Id,
-            inbox_expired(cutoff(now, config.inbox)),
-            batch,
-        )
-        .await?,
+        inbox,
         outbox: delete_in_batches::<outbox_message::Entity>(
             db,
             outbox_message::Column::Id,
@@ -216,11 +224,17 @@ pub async fn prune_dry_run(
     config: &PruneConfig,
     now: DateTime<Utc>,
 ) -> Result<PruneReport, DbErr> {
+    let inbox = match config.inbox {
+        Some(age) => {
+            inbox_message::Entity::find()
+                .filter(inbox_expired(cutoff(now, age)))
+                .count(db)
+                .await?
+        }
+        None => 0,
+    };
     Ok(PruneReport {
-        inbox: inbox_message::Entity::find()
-            .filter(inbox_expired(cutoff(now, config.inbox)))
-            .count(db)
-            .await?,
+        inbox,
         outbox: outbox_message::Entity::find()
             .filter(outbox_expired(cutoff(now, config.outbox)))
             .count(db)

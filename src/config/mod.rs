@@ -54,6 +54,7 @@ pub struct Settings {
     /// per delivery up to `nak_max_ms`.
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub nak_base_ms: u64,
+    /// The longest nak delay: the doubling stops here.
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub nak_max_ms: u64,
     #[serde(deserialize_with = "service::millis::deserialize")]
@@ -245,7 +246,7 @@ impl Settings {
         check_inbox_retention(inbox, &broker, self.allow_short_retention)
             .map_err(|e| invalid("inbox_retention_ms", e.to_string()))?;
         Ok(PruneConfig {
-            inbox,
+            inbox: Some(inbox),
             outbox: Duration::from_millis(self.outbox_retention_ms),
             batch_size: self.prune_batch_size,
         })
@@ -479,15 +480,7 @@ impl Settings {
             return Err(invalid("duplicate_window_ms", "must be at least 1"));
         }
         self.check_patience()?;
-        if self.nak_max_ms < self.nak_base_ms {
-            return Err(invalid(
-                "nak_max_ms",
-                format!(
-                    "{} ms is shorter than nak_base_ms ({} ms)",
-                    self.nak_max_ms, self.nak_base_ms
-                ),
-            ));
-        }
+        self.check_naks()?;
         if self.claim_lease_ms < self.max_handling_ms {
             return Err(invalid(
                 "claim_lease_ms",
@@ -512,6 +505,44 @@ impl Settings {
         self.check_outbox_mode(scheme)?;
         self.check_files()?;
         crate::nats::check(self)
+    }
+
+    /// The nak schedule grows, and a failing message's deliveries (each
+    /// nak at most `nak_max_ms`, each delivery handled within the ack wait)
+    /// end before the stream drops the message: otherwise it could leave the
+    /// stream with no dead letter.
+    fn check_naks(&self) -> Result<(), ConfigError> {
+        if self.nak_max_ms < self.nak_base_ms {
+            return Err(invalid(
+                "nak_max_ms",
+                format!(
+                    "{} ms is shorter than nak_base_ms ({} ms)",
+                    self.nak_max_ms, self.nak_base_ms
+                ),
+            ));
+        }
+        let naks = u32::try_from(self.max_deliver.saturating_sub(1)).unwrap_or(u32::MAX);
+        let span = (0..naks.min(64))
+            .map(|n| {
+                self.nak_base_ms
+                    .saturating_mul(1u64 << n.min(40))
+                    .min(self.nak_max_ms)
+            })
+            .fold(0u64, u64::saturating_add)
+            .saturating_add(
+                self.ack_wait_ms
+                    .saturating_mul(u64::try_from(self.max_deliver).unwrap_or(u64::MAX)),
+            );
+        if self.stream_max_age_ms != 0 && span >= self.stream_max_age_ms {
+            return Err(invalid(
+                "nak_max_ms",
+                format!(
+                    "a failing message's {} deliveries can span {span} ms (naks from nak_base_ms = {} up to nak_max_ms = {}, plus an ack wait each), not shorter than stream_max_age_ms ({} ms): it could leave the stream before its dead letter is written; lower the nak delays or max_deliver, or keep messages longer",
+                    self.max_deliver, self.nak_base_ms, self.nak_max_ms, self.stream_max_age_ms
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// A held delivery stays in the stream, unacknowledged, for up to the

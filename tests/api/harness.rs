@@ -50,7 +50,7 @@ impl TestApi {
             config: Arc::new(api::ApiConfig {
                 token: token.map(Into::into),
                 prune: Some(service::retention::PruneConfig {
-                    inbox: std::time::Duration::from_secs(3600),
+                    inbox: Some(std::time::Duration::from_secs(3600)),
                     outbox: std::time::Duration::from_secs(3600),
                     batch_size: 100,
                 }),

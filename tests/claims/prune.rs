@@ -69,7 +69,7 @@ async fn pruning_removes_exactly_the_expired_rows_while_work_goes_on(backend: Ba
         .unwrap();
 
     let config = PruneConfig {
-        inbox: Duration::from_secs(3600),
+        inbox: Some(Duration::from_secs(3600)),
         outbox: Duration::from_secs(3600),
         batch_size: 100,
     };
@@ -181,13 +181,19 @@ async fn startup_refuses_a_retention_the_broker_could_outlive() {
 }
 
 /// A deployment that only produces runs relays and no consumers: its relays
-/// prune the outbox, or published rows would pile up for good.
+/// prune the outbox, or published rows would pile up for good. They leave
+/// inbox markers alone: how long those must outlive redeliveries is for the
+/// consumers' settings to say, which a relay's need not repeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_only_process_prunes_the_outbox() {
     let t = TestDb::new(Backend::Sqlite).await;
     let nats = crate::support::nats::NatsServer::start().await;
     let events: Vec<_> = (0..50).map(|i| old_event(i, true, false)).collect();
     outbox_message::Entity::insert_many(events)
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    inbox_message::Entity::insert_many((0..20).map(|i| old_marker(i, chrono::Duration::days(30))))
         .exec_without_returning(&t.db)
         .await
         .unwrap();
@@ -206,5 +212,10 @@ async fn a_relay_only_process_prunes_the_outbox() {
         || async { outbox_message::Entity::find().count(&t.db).await.unwrap() == 0 },
     )
     .await;
+    assert_eq!(
+        inbox_message::Entity::find().count(&t.db).await.unwrap(),
+        20,
+        "markers are not a relay's to prune"
+    );
     relay.assert_no_panic();
 }

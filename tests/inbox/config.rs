@@ -282,6 +282,19 @@ fn a_nak_schedule_that_shrinks_stops_startup_naming_the_key() {
     fails_naming(&out, "shorter than nak_base_ms");
     let out = seawall(&["migrate"], &[("SEAWALL_NAK_BASE_MS", "0")]);
     fails_naming(&out, "nak_base_ms");
+    // Twenty deliveries with naks up to an hour outlast a stream that keeps
+    // messages for two: a failing message would vanish undead-lettered.
+    let out = seawall(
+        &["migrate"],
+        &[
+            ("SEAWALL_MAX_DELIVER", "20"),
+            ("SEAWALL_NAK_MAX_MS", "1h"),
+            ("SEAWALL_STREAM_MAX_AGE_MS", "2h"),
+            ("SEAWALL_INFRA_PATIENCE_MS", "1h"),
+            ("SEAWALL_ALLOW_SHORT_RETENTION", "true"),
+        ],
+    );
+    fails_naming(&out, "before its dead letter is written");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Periodic upkeep: the claim sweeper and the retention pruner.
 //!
 //! Both are safe to run in several processes at once (their statements are
-//! conditional), so every `consume` process runs them; no leader election.
+//! conditional), so every `consume` process runs both and every `relay`
+//! process the pruner (of the outbox and the rollup); no leader election.
 
 use std::time::Duration;
 

@@ -175,9 +175,17 @@ pub async fn release(db: &DatabaseConnection, id: i64, force: bool) -> Result<Re
             )
             .col_expr(Column::Attempts, Expr::value(0));
     }
+    // The row as it was read: a claim quarantined (or un-quarantined) in
+    // between is not what the operator released.
+    let quarantined = if row.quarantined_at.is_some() {
+        Column::QuarantinedAt.is_not_null()
+    } else {
+        Column::QuarantinedAt.is_null()
+    };
     update = update
         .filter(Column::Id.eq(id))
-        .filter(Column::ProcessedAt.is_null());
+        .filter(Column::ProcessedAt.is_null())
+        .filter(quarantined);
     if !force {
         update = update.filter(
             sea_orm::Condition::any()

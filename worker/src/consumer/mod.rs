@@ -145,7 +145,7 @@ impl ConsumerHealth {
     pub fn problem(&self) -> Option<String> {
         self.outage.is_down().then(|| {
             format!(
-                "consumer {} is paused: the database is unreachable",
+                "consumer {} is paused: the database is unreachable or answers read-only",
                 self.consumer
             )
         })
@@ -243,6 +243,9 @@ impl Consumer {
         let permits = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
         let mut inflight = JoinSet::new();
         tracing::info!(consumer = %self.registration.consumer, subject = %self.registration.subject, "consumer started");
+        // Present from the start, so "never paused" reads 0 rather than absent.
+        metrics::gauge!("seawall_consumer_paused", "consumer" => self.registration.consumer.to_string())
+            .set(0.0);
         'outer: while !cancel.is_cancelled() {
             let mut messages = match consumer
                 .stream()
