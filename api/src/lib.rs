@@ -279,15 +279,33 @@ pub async fn serve_listener(
     state: AppState,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-        source,
-    })?;
+    let addr = local_addr(&listener)?;
     check_exposure(addr, state.config.token.as_deref())?;
     tracing::info!(%addr, "admin API listening");
-    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })
+    serve_router(listener, addr, router(state), cancel).await
+}
+
+/// The address `listener` is bound to.
+fn local_addr(listener: &tokio::net::TcpListener) -> Result<SocketAddr, ServeError> {
+    listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })
+}
+
+/// Serves `app` on `listener` (bound to `addr`) until `cancel` fires, each
+/// request knowing its client's address (the audit trail names it).
+async fn serve_router(
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    app: Router,
+    cancel: CancellationToken,
+) -> Result<(), ServeError> {
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { cancel.cancelled().await })
+    .await
+    .map_err(|source| ServeError::Bind { addr, source })
 }

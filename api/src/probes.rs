@@ -101,13 +101,7 @@ pub async fn serve(
     probes: Probes,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-        source,
-    })?;
+    let addr = crate::local_addr(&listener)?;
     tracing::info!(%addr, "probes and metrics listening (/healthz, /readyz, /metrics)");
-    axum::serve(listener, router(probes))
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })
+    crate::serve_router(listener, addr, router(probes), cancel).await
 }

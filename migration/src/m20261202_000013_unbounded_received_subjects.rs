@@ -32,11 +32,7 @@ impl MigrationTrait for Migration {
             ],
             _ => &[],
         };
-        let db = manager.get_connection();
-        for sql in statements {
-            db.execute_unprepared(sql).await?;
-        }
-        Ok(())
+        execute(manager, statements).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
@@ -51,10 +47,15 @@ impl MigrationTrait for Migration {
             ],
             _ => &[],
         };
-        let db = manager.get_connection();
-        for sql in statements {
-            db.execute_unprepared(sql).await?;
-        }
-        Ok(())
+        execute(manager, statements).await
     }
+}
+
+/// Runs `statements` in order.
+async fn execute(manager: &SchemaManager<'_>, statements: &[&str]) -> Result<(), DbErr> {
+    let db = manager.get_connection();
+    for sql in statements {
+        db.execute_unprepared(sql).await?;
+    }
+    Ok(())
 }
