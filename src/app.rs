@@ -227,11 +227,14 @@ impl Application {
                 jetstream: Some(js),
                 relay_wake: Some(wake),
                 metrics,
+                stats: Default::default(),
                 config: Arc::new(api::ApiConfig {
                     token: settings.admin_token.clone(),
                     prune: Some(retention),
                     replay_subjects: replay_subjects(&domain),
                     wal_slot: wal.then(|| settings.wal_slot()),
+                    stream: Some(domain.stream.name.clone()),
+                    stats_max_age: Duration::from_millis(settings.stats_max_age_ms),
                     ..api::ApiConfig::default()
                 }),
             };

@@ -68,6 +68,12 @@ pub struct ApiConfig {
     /// The WAL relay's slot when the outbox is in WAL mode: its backlog is
     /// part of the stats and the metrics.
     pub wal_slot: Option<String>,
+    /// The domain's stream: each consumer's JetStream backlog (pending and
+    /// unacknowledged deliveries) is read from it for the stats and metrics.
+    pub stream: Option<String>,
+    /// How long one reading of the stats is shared by every caller
+    /// ([`stats::Cache`]); zero reads afresh at every call.
+    pub stats_max_age: Duration,
 }
 
 impl Default for ApiConfig {
@@ -79,6 +85,8 @@ impl Default for ApiConfig {
             body_limit: 64 * 1024,
             replay_subjects: std::collections::HashMap::new(),
             wal_slot: None,
+            stream: None,
+            stats_max_age: Duration::from_secs(5),
         }
     }
 }
@@ -102,6 +110,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Settings.
     pub config: Arc<ApiConfig>,
+    /// The last reading of the stats, shared by concurrent callers.
+    pub stats: Arc<stats::Cache>,
 }
 
 impl AppState {

@@ -1,11 +1,15 @@
 //! `/api/v1/stats` and `/api/v1/prune`.
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use sea_orm::DbErr;
 use service::{replica, retention, stats};
 
 use crate::AppState;
@@ -24,7 +28,8 @@ pub struct Stats {
     pub dead_letters_by_consumer: Vec<ConsumerCount>,
     /// Age of the oldest pending outbox row, in seconds (absent when none is pending).
     pub oldest_pending_age_seconds: Option<f64>,
-    /// Mean commit-to-publish delay of the last 100 published rows, in milliseconds.
+    /// Mean delay of the last 100 published rows from becoming publishable
+    /// (written, backoff over, or retried) to publish, in milliseconds.
     pub relay_lag_ms: Option<f64>,
     /// Published events and processed messages per minute, oldest first.
     pub throughput: Vec<MinuteCount>,
@@ -34,9 +39,13 @@ pub struct Stats {
     /// The read replica these numbers come from (`admin_database_url`);
     /// absent when they come from the primary.
     pub replica: Option<ReplicaStatus>,
+    /// Each consumer's JetStream backlog (absent for a consumer NATS could
+    /// not describe).
+    pub consumers: Vec<ConsumerBacklog>,
     /// Which numbers are estimates (large tables on PostgreSQL), e.g. `outbox.published`.
     pub estimated: Vec<String>,
-    /// When this was computed.
+    /// When this was computed (the figures are shared by every caller for
+    /// `stats_max_age_ms`, so they may be a few seconds old).
     pub generated_at: DateTime<Utc>,
 }
 
@@ -79,6 +88,21 @@ pub struct WalBacklog {
     pub behind_bytes: i64,
     /// Delay of the relay's confirmations, in seconds.
     pub flush_lag_seconds: Option<f64>,
+}
+
+/// A consumer's backlog in JetStream.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ConsumerBacklog {
+    /// The consumer (its durable name).
+    pub consumer: String,
+    /// Messages in the stream it has not been delivered yet.
+    pub pending: u64,
+    /// Deliveries it has not acknowledged yet (being handled, or lost with
+    /// a process that died, until the ack wait redelivers them).
+    pub ack_pending: u64,
+    /// Deliveries that were redelivered at least once and are not
+    /// acknowledged yet.
+    pub redelivered: u64,
 }
 
 /// The read replica the stats and lists come from.
@@ -162,6 +186,7 @@ impl From<stats::Stats> for Stats {
                 flush_lag_seconds: w.flush_lag_seconds,
             }),
             replica: None,
+            consumers: Vec::new(),
             estimated: s.estimated,
             generated_at: s.generated_at,
         }
@@ -191,34 +216,167 @@ impl From<retention::PruneReport> for PruneReport {
 #[utoipa::path(get, path = "/api/v1/stats", tag = "stats",
     responses((status = 200, body = Stats), (status = 401, body = ErrorBody)))]
 pub async fn get_stats(State(state): State<AppState>) -> Result<Json<Stats>, ApiError> {
-    let (stats, replica) = current(&state).await?;
-    let mut body: Stats = stats.into();
-    body.replica = replica.map(Into::into);
+    let snapshot = current(&state).await?;
+    let mut body: Stats = snapshot.stats.clone().into();
+    body.replica = snapshot.replica.clone().map(Into::into);
+    body.consumers.clone_from(&snapshot.consumers);
     Ok(Json(body))
 }
 
-/// The stats as the API and `/metrics` show them: read from the replica
-/// when one is configured, except the WAL slot, which only the primary has.
+/// How long a question to NATS about one consumer's backlog may take: the
+/// stats answer without it rather than wait for a slow broker.
+const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One reading of everything the stats page and the table gauges show.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// Counts, lag, throughput and the WAL slot.
+    pub stats: stats::Stats,
+    /// The read replica's state, when the reads come from one.
+    pub replica: Option<replica::ReplicaStatus>,
+    /// Each consumer's JetStream backlog (absent for a consumer NATS could
+    /// not describe: not created yet, or the broker unreachable).
+    pub consumers: Vec<ConsumerBacklog>,
+}
+
+/// The last reading of the stats, shared by every caller until it is
+/// [`ApiConfig::stats_max_age`](crate::ApiConfig::stats_max_age) old.
+///
+/// The counts behind `/metrics` and `GET /api/v1/stats` cost a handful of
+/// queries on tables of millions of rows; with two Prometheus servers, a
+/// dashboard per operator and a load balancer's probes, reading them per
+/// request multiplies that cost by the number of watchers. One refresh runs
+/// at a time; callers arriving meanwhile wait for it and share its result.
+/// A failed refresh is shared too, so a database outage is not asked again
+/// by every waiting caller.
+#[derive(Debug, Default)]
+pub struct Cache {
+    last: tokio::sync::Mutex<Option<Reading>>,
+}
+
+#[derive(Debug)]
+struct Reading {
+    taken: Instant,
+    result: Result<Arc<Snapshot>, DbErr>,
+    /// When a refresh last succeeded (this one or an earlier one).
+    last_success: Option<DateTime<Utc>>,
+}
+
+/// What `/metrics` renders: the latest reading and whether it is fresh.
+pub(crate) struct Observed {
+    /// The latest reading, when its refresh succeeded.
+    pub snapshot: Option<Arc<Snapshot>>,
+    /// When a refresh last succeeded, if ever.
+    pub last_success: Option<DateTime<Utc>>,
+}
+
+impl Cache {
+    /// The reading of at most `max_age`, refreshed through `state` when
+    /// older.
+    async fn read(
+        &self,
+        state: &AppState,
+    ) -> (Result<Arc<Snapshot>, DbErr>, Option<DateTime<Utc>>) {
+        let max_age = state.config.stats_max_age;
+        let mut last = self.last.lock().await;
+        if let Some(reading) = last.as_ref().filter(|r| r.taken.elapsed() < max_age) {
+            return (reading.result.clone(), reading.last_success);
+        }
+        let result = refresh(state).await.map(Arc::new);
+        let last_success = match &result {
+            Ok(snapshot) => Some(snapshot.stats.generated_at),
+            Err(err) => {
+                tracing::warn!(error = %err, "stats: could not refresh; /metrics reports seawall_stats_up 0");
+                last.as_ref().and_then(|r| r.last_success)
+            }
+        };
+        *last = Some(Reading {
+            taken: Instant::now(),
+            result: result.clone(),
+            last_success,
+        });
+        (result, last_success)
+    }
+}
+
+/// The stats as the API shows them (see [`Cache`]).
 ///
 /// # Errors
 /// The replica's (or, without one, the primary's) database error.
-pub(crate) async fn current(
-    state: &AppState,
-) -> Result<(stats::Stats, Option<replica::ReplicaStatus>), sea_orm::DbErr> {
+pub(crate) async fn current(state: &AppState) -> Result<Arc<Snapshot>, DbErr> {
+    state.stats.read(state).await.0
+}
+
+/// The stats as `/metrics` shows them: a failed refresh is no error but
+/// an absent snapshot, so the gauges disappear instead of freezing.
+pub(crate) async fn observe(state: &AppState) -> Observed {
+    let (result, last_success) = state.stats.read(state).await;
+    Observed {
+        snapshot: result.ok(),
+        last_success,
+    }
+}
+
+/// Reads the stats from the replica when one is configured, except the
+/// WAL slot, which only the primary has; and each consumer's backlog from
+/// JetStream.
+async fn refresh(state: &AppState) -> Result<Snapshot, DbErr> {
     let wal_slot = state.config.wal_slot.as_deref();
     let now = Utc::now();
-    let Some(reads) = &state.reads else {
-        return Ok((stats::stats(&state.db, now, wal_slot).await?, None));
-    };
-    let mut stats = stats::stats(reads, now, None).await?;
-    if let Some(slot) = wal_slot {
-        stats.wal =
-            replica::ask_primary("stats (WAL slot)", service::wal::backlog(&state.db, slot))
+    let (stats, replica) = match &state.reads {
+        None => (stats::stats(&state.db, now, wal_slot).await?, None),
+        Some(reads) => {
+            let mut stats = stats::stats(reads, now, None).await?;
+            if let Some(slot) = wal_slot {
+                stats.wal = replica::ask_primary(
+                    "stats (WAL slot)",
+                    service::wal::backlog(&state.db, slot),
+                )
                 .await
                 .flatten();
+            }
+            (stats, replica::status(reads, &state.db).await?)
+        }
+    };
+    Ok(Snapshot {
+        stats,
+        replica,
+        consumers: consumer_backlogs(state).await,
+    })
+}
+
+/// Each registered consumer's backlog as JetStream counts it: messages not
+/// yet delivered and deliveries not yet acknowledged. It is read here, in
+/// the API process, rather than by the consumers themselves, so a backlog
+/// that grows because every consumer process hangs or is gone still shows.
+async fn consumer_backlogs(state: &AppState) -> Vec<ConsumerBacklog> {
+    let (Some(js), Some(stream)) = (&state.jetstream, &state.config.stream) else {
+        return Vec::new();
+    };
+    let stream = js.get_stream_no_info(stream).await;
+    let Ok(stream) = stream else {
+        return Vec::new();
+    };
+    let mut names: Vec<&String> = state.config.replay_subjects.keys().collect();
+    names.sort_unstable();
+    let mut backlogs = Vec::with_capacity(names.len());
+    for name in names {
+        match tokio::time::timeout(BACKLOG_TIMEOUT, stream.consumer_info(name)).await {
+            Ok(Ok(info)) => backlogs.push(ConsumerBacklog {
+                consumer: name.clone(),
+                pending: info.num_pending,
+                ack_pending: info.num_ack_pending as u64,
+                redelivered: info.num_redelivered as u64,
+            }),
+            Ok(Err(err)) => {
+                tracing::debug!(consumer = %name, error = %err, "stats: no JetStream backlog for this consumer");
+            }
+            Err(_) => {
+                tracing::warn!(consumer = %name, "stats: NATS did not describe the consumer in time");
+            }
+        }
     }
-    let replica = replica::status(reads, &state.db).await?;
-    Ok((stats, replica))
+    backlogs
 }
 
 /// Runs retention pruning now and returns how many rows it removed.

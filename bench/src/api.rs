@@ -151,6 +151,7 @@ async fn serve(db: &DatabaseConnection, cancel: CancellationToken) -> Result<Str
         jetstream: None,
         relay_wake: None,
         metrics: None,
+        stats: Default::default(),
         config: Arc::new(api::ApiConfig {
             token: Some(TOKEN.into()),
             ..api::ApiConfig::default()

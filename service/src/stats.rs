@@ -31,7 +31,8 @@ pub struct Stats {
     pub dead_letters_by_consumer: Vec<ConsumerCount>,
     /// Age of the oldest pending outbox row, in seconds (absent when none is pending).
     pub oldest_pending_age_seconds: Option<f64>,
-    /// Mean commit-to-publish delay of the last 100 published rows, in milliseconds.
+    /// Mean delay of the last 100 published rows from becoming publishable
+    /// (written, backoff over, or retried) to publish, in milliseconds.
     pub relay_lag_ms: Option<f64>,
     /// Published events and processed messages per minute, oldest first.
     pub throughput: Vec<MinuteCount>,
@@ -179,8 +180,9 @@ async fn counts(
     Ok((outbox, inbox))
 }
 
-/// The age of the oldest pending row in seconds, and the mean
-/// commit-to-publish delay of the last 100 published rows in milliseconds.
+/// The age of the oldest pending row in seconds, and the mean delay of the
+/// last 100 published rows from becoming publishable (written, backoff
+/// over, or retried by an operator) to publish, in milliseconds.
 async fn relay_delays(
     db: &DatabaseConnection,
     now: DateTime<Utc>,
@@ -194,9 +196,12 @@ async fn relay_delays(
         .into_tuple()
         .one(db)
         .await?;
-    let recent: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)> = outbox_message::Entity::find()
+    // Written, publishable from, published.
+    type Times = (DateTime<Utc>, DateTime<Utc>, Option<DateTime<Utc>>);
+    let recent: Vec<Times> = outbox_message::Entity::find()
         .select_only()
         .column(O::CreatedAt)
+        .column(O::NextAttemptAt)
         .column(O::PublishedAt)
         .filter(OutboxState::Published.condition())
         .order_by_desc(O::PublishedAt)
@@ -206,8 +211,11 @@ async fn relay_delays(
         .await?;
     let lags: Vec<f64> = recent
         .iter()
-        .filter_map(|(created, published)| {
-            published.map(|p| (p - *created).num_microseconds().unwrap_or(0) as f64 / 1000.0)
+        .filter_map(|(created, next_attempt, published)| {
+            // From when the row became publishable: a row an operator
+            // retried days after it died is not days of relay lag.
+            let since = (*created).max(*next_attempt);
+            published.map(|p| (p - since).num_microseconds().unwrap_or(0).max(0) as f64 / 1000.0)
         })
         .collect();
     Ok((

@@ -48,6 +48,12 @@ pub struct Settings {
     /// A read replica of `database_url` for the admin API's lists, details
     /// and stats; its writes still go to `database_url`.
     pub admin_database_url: Option<String>,
+    /// How long one reading of the table statistics (behind `/metrics`
+    /// and `GET /api/v1/stats`) is shared by every caller before the next
+    /// caller refreshes it: scrapes from several Prometheus servers and
+    /// dashboards cost one set of queries, not one each.
+    #[serde(deserialize_with = "service::millis::deserialize")]
+    pub stats_max_age_ms: u64,
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub ack_wait_ms: u64,
     pub max_deliver: i64,
@@ -136,6 +142,7 @@ impl Default for Settings {
             metrics_addr: DEFAULT_METRICS_ADDR.to_owned(),
             admin_token: None,
             admin_database_url: None,
+            stats_max_age_ms: 5_000,
             ack_wait_ms: 30_000,
             max_deliver: 5,
             nak_base_ms: 10_000,

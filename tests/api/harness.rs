@@ -47,6 +47,7 @@ impl TestApi {
                     .build_recorder()
                     .handle(),
             ),
+            stats: Default::default(),
             config: Arc::new(api::ApiConfig {
                 token: token.map(Into::into),
                 prune: Some(service::retention::PruneConfig {
@@ -54,6 +55,8 @@ impl TestApi {
                     outbox: std::time::Duration::from_secs(3600),
                     batch_size: 100,
                 }),
+                // Every call reads afresh: the tests assert what they just did.
+                stats_max_age: std::time::Duration::ZERO,
                 ..api::ApiConfig::default()
             }),
         };

@@ -11,6 +11,7 @@ mod harness;
 mod local;
 mod openapi;
 mod pages;
+mod prometheus;
 mod reasons;
 mod replica;
 mod schemathesis;

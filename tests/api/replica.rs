@@ -158,6 +158,24 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
         },
     )
     .await;
+    // The metrics say so too, and leave the lag out: a replica cut off has
+    // replayed all it received, so its lag would read 0.
+    let metrics = crate::support::http_client()
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("\nseawall_admin_replica_streaming 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("\nseawall_admin_replica_lag_seconds "),
+        "{metrics}"
+    );
 
     let (status, err) = api.post(&format!("/api/v1/outbox/{id}/retry"), None).await;
     assert_eq!(status, 503, "{err}");

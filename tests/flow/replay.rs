@@ -122,6 +122,7 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
         jetstream: Some(js.clone()),
         relay_wake: Some(Arc::new(Notify::new())),
         metrics: None,
+        stats: Default::default(),
         config: Arc::new(api::ApiConfig {
             replay_subjects,
             ..api::ApiConfig::default()

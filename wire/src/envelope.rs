@@ -18,6 +18,10 @@ pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
 /// seawall publishes, and carried from a
 /// message to the events its handler writes.
 pub const HEADER_CORRELATION_ID: &str = "Seawall-Correlation-Id";
+/// Header carrying when the event was written (its outbox row's or WAL
+/// message's commit-time `created_at`, RFC 3339), set by the relays so a
+/// consumer can measure the delay from write to handling across processes.
+pub const HEADER_WRITTEN_AT: &str = "Seawall-Written-At";
 /// CloudEvents binary-mode headers, used when `Nats-Msg-Id` is absent.
 pub const HEADER_CE_SOURCE: &str = "ce-source";
 /// See [`HEADER_CE_SOURCE`].

@@ -21,9 +21,11 @@ pub struct Seawall {
 ///   outage, a downstream that is down) fails fast and surely if it does.
 /// - Probes on a port of the system's choosing: tests run many `relay` and
 ///   `consume` processes on one host at once (the address is logged).
-pub const TEST_SETTINGS: [(&str, &str); 3] = [
+/// - Statistics read afresh at every call: a test asserts what it just did.
+pub const TEST_SETTINGS: [(&str, &str); 4] = [
     ("SEAWALL_NAK_BASE_MS", "100"),
     ("SEAWALL_NAK_MAX_MS", "2000"),
+    ("SEAWALL_STATS_MAX_AGE_MS", "0"),
     ("SEAWALL_METRICS_ADDR", "127.0.0.1:0"),
 ];
 

@@ -243,9 +243,13 @@ impl Consumer {
         let permits = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
         let mut inflight = JoinSet::new();
         tracing::info!(consumer = %self.registration.consumer, subject = %self.registration.subject, "consumer started");
-        // Present from the start, so "never paused" reads 0 rather than absent.
+        // Present from the start, so "never paused" reads 0 rather than
+        // absent, and the first dead letter is an increase from 0 (a series
+        // that appears at 1 is no increase to `increase()`).
         metrics::gauge!("seawall_consumer_paused", "consumer" => self.registration.consumer.to_string())
             .set(0.0);
+        metrics::counter!("seawall_dead_letters_total", "consumer" => self.registration.consumer.to_string())
+            .increment(0);
         'outer: while !cancel.is_cancelled() {
             let mut messages = match consumer
                 .stream()
@@ -336,7 +340,13 @@ impl Consumer {
                     break;
                 }
                 let mut handled = match &envelope {
-                    Ok(envelope) => self.decide(&msg, envelope, delivered).await,
+                    Ok(envelope) => {
+                        let started = std::time::Instant::now();
+                        let handled = self.decide(&msg, envelope, delivered).await;
+                        metrics::histogram!("seawall_handler_duration_seconds", "consumer" => self.registration.consumer.to_string())
+                            .record(started.elapsed().as_secs_f64());
+                        handled
+                    }
                     Err(err) => Handled::Failed {
                         reason: format!("unusable message: {err}"),
                         permanent: true,
@@ -532,6 +542,32 @@ impl Consumer {
                 },
             },
         }
+    }
+
+    /// Records `seawall_end_to_end_latency_seconds` for a message whose
+    /// handling just committed: from when it was written (the relays'
+    /// `Seawall-Written-At`; the broker's store time for a message published
+    /// by something else). A replayed dead letter is left out: it was
+    /// written before it died, and its delay says nothing of the pipeline.
+    fn record_latency(&self, msg: &jetstream::Message, headers: &BTreeMap<String, String>) {
+        if msg.subject.as_str() == self.replay_subject() {
+            return;
+        }
+        let written = headers
+            .get(service::envelope::HEADER_WRITTEN_AT)
+            .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+            .and_then(|at| at.timestamp_nanos_opt())
+            .or_else(|| {
+                let stored = msg.info().ok()?.published.unix_timestamp_nanos();
+                i64::try_from(stored).ok()
+            });
+        let (Some(written), Some(now)) = (written, chrono::Utc::now().timestamp_nanos_opt()) else {
+            return;
+        };
+        // A clock behind the writer's reads as no delay, not a negative one.
+        let latency = now.saturating_sub(written).max(0) as f64 / 1e9;
+        metrics::histogram!("seawall_end_to_end_latency_seconds", "consumer" => self.registration.consumer.to_string())
+            .record(latency);
     }
 
     /// Counts a message outcome in `seawall_consumer_messages_total`.

@@ -130,7 +130,10 @@ impl Consumer {
     ) -> Result<(), Unreachable> {
         match &handled {
             Handled::Done { duplicate: true } => self.count("duplicate"),
-            Handled::Done { duplicate: false } => self.count("processed"),
+            Handled::Done { duplicate: false } => {
+                self.count("processed");
+                self.record_latency(msg, headers);
+            }
             Handled::Failed { .. } => self.count("failed"),
             Handled::Held(_) | Handled::Parked | Handled::Outage(_) | Handled::Resource(..) => {}
         }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use sea_orm::{DatabaseConnection, DbBackend, DbErr, JsonValue};
 use tokio::sync::Notify;
@@ -282,7 +283,9 @@ impl Relay {
                 .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
                 .collect()
         };
-        send(&self.js, &row.subject, &row.message_id, &stored, message).await
+        send(&self.js, &row.subject, &row.message_id, &stored, message).await?;
+        record_lag(row);
+        Ok(())
     }
 
     fn backoff(&self, attempts_so_far: i32) -> Duration {
@@ -367,6 +370,17 @@ pub(crate) fn explain(
     }
 }
 
+/// Records `seawall_relay_lag_seconds` for a row just acknowledged: the
+/// delay since it became publishable, i.e. since it was written, its
+/// backoff ended or an operator retried it (`next_attempt_at`). Measured
+/// from the write alone, retrying rows that died days ago would read as
+/// days of lag while the relay keeps up.
+fn record_lag(row: &outbox_message::Model) {
+    let since = row.created_at.max(row.next_attempt_at);
+    let lag = (Utc::now() - since).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
+    metrics::histogram!("seawall_relay_lag_seconds").record(lag);
+}
+
 /// Builds the NATS message for a row: its headers plus `Nats-Msg-Id`, around
 /// `payload` (the row's, handed over by value so it is not copied).
 ///
@@ -392,11 +406,11 @@ pub fn publish_message(
             .collect::<Result<_, _>>()?,
         other => return Err(format!("headers must be a JSON object, not {other}")),
     };
-    message(&row.message_id, headers, payload)
+    message(&row.message_id, headers, row.created_at, payload)
 }
 
 /// The NATS message of an event: `headers` plus `Nats-Msg-Id` = `message_id`
-/// around `payload`.
+/// and `Seawall-Written-At` = `written_at` around `payload`.
 ///
 /// Outbox rows and WAL messages can both be written by hand, so everything
 /// is checked here rather than trusted: async-nats panics on a header name
@@ -408,6 +422,7 @@ pub fn publish_message(
 pub fn message<'a>(
     message_id: &str,
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    written_at: DateTime<Utc>,
     payload: impl Into<bytes::Bytes>,
 ) -> Result<PublishMessage, String> {
     check_message_id(message_id).map_err(|e| e.to_string())?;
@@ -418,6 +433,12 @@ pub fn message<'a>(
         let value: HeaderValue = value.parse().map_err(|e| format!("header {name}: {e}"))?;
         map.insert(name, value);
     }
+    map.insert(
+        service::envelope::HEADER_WRITTEN_AT,
+        written_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            .as_str(),
+    );
     Ok(PublishMessage::build()
         .headers(map)
         .payload(payload.into())

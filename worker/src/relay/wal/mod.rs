@@ -137,6 +137,9 @@ impl WalRelay {
     pub async fn run(&self, cancel: CancellationToken) {
         let mut failures = 0u32;
         let mut standby_logged = false;
+        // Present from the start: `increase()` sees the first recreation
+        // only against an earlier 0.
+        metrics::counter!("seawall_wal_slot_recreated_total").increment(0);
         while !cancel.is_cancelled() {
             let ended = self.session(&cancel).await;
             if cancel.is_cancelled() {
@@ -234,6 +237,14 @@ impl WalRelay {
             );
             if let Some(end) = window.end {
                 let _ = confirm.send(end);
+            }
+            let now = Utc::now();
+            for event in &window.events {
+                let lag = (now - event.created_at)
+                    .num_microseconds()
+                    .unwrap_or(0)
+                    .max(0);
+                metrics::histogram!("seawall_relay_lag_seconds").record(lag as f64 / 1e6);
             }
             metrics::gauge!("seawall_relay_heartbeat_timestamp_seconds")
                 .set(Utc::now().timestamp_millis() as f64 / 1000.0);
@@ -370,7 +381,12 @@ impl WalRelay {
             .headers
             .iter()
             .map(|(name, value)| (name.as_str(), value.as_str()));
-        let message = crate::relay::message(&event.message_id, headers, event.payload.clone())?;
+        let message = crate::relay::message(
+            &event.message_id,
+            headers,
+            event.created_at,
+            event.payload.clone(),
+        )?;
         let stored = || event.headers.clone();
         crate::relay::dispatch(
             &self.js,

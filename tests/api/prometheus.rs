@@ -1,0 +1,511 @@
+//! The shipped scrape config, alert rules and Grafana dashboard against a
+//! real Prometheus scraping a split deployment (two `relay`, two `consume`,
+//! one `api`, plus a WAL-mode `api` and `relay` on a second database): each
+//! fault makes its alert fire and leaves the others quiet, each alert's
+//! runbook (docs/operations.md) is followed to clear it, and every panel of
+//! the dashboard returns data.
+//!
+//! The rules are the shipped ones with shorter waits (`for:` and the range
+//! windows), so a fault fires in seconds, not minutes.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait, Set, TransactionTrait};
+use serde_json::Value;
+
+use entity::outbox_message;
+
+use crate::support::domain::{LEDGER_STREAM, RECORD_SUBJECT};
+use crate::support::nats::NatsServer;
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb, free_port, http_client, wait_for_stream, wait_until};
+
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+/// The shipped rules with every wait cut to seconds: `for:` to 3 s, the
+/// five-minute and longer range windows to 15 s.
+fn test_rules() -> String {
+    let rules = std::fs::read_to_string(deploy_dir().join("prometheus/alerts.yml")).unwrap();
+    let mut out = String::new();
+    for line in rules.lines() {
+        let line = match line.trim_start().strip_prefix("for: ") {
+            Some(_) => format!("{}for: 3s", &line[..line.len() - line.trim_start().len()]),
+            None => line
+                .replace("[5m]", "[15s]")
+                .replace("[15m]", "[15s]")
+                .replace("[1h]", "[15s]"),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    assert!(out.contains("for: 3s") && !out.contains("[5m]"));
+    out
+}
+
+/// The shipped scrape config with the test's processes as targets, scraped
+/// and evaluated every second.
+fn test_config(targets: &[(&str, Vec<String>)]) -> String {
+    let shipped = std::fs::read_to_string(deploy_dir().join("prometheus/prometheus.yml")).unwrap();
+    let mut out = String::new();
+    let mut job = None;
+    for line in shipped.lines() {
+        let trimmed = line.trim_start();
+        if let Some(name) = trimmed.strip_prefix("- job_name: ") {
+            job = Some(name.to_owned());
+        }
+        if trimmed.starts_with("scrape_interval:") || trimmed.starts_with("evaluation_interval:") {
+            out.push_str(&line.replace("15s", "1s"));
+        } else if trimmed.starts_with("- targets:") {
+            let job = job.as_deref().unwrap();
+            let (_, addrs) = targets
+                .iter()
+                .find(|(name, _)| *name == job)
+                .unwrap_or_else(|| panic!("no targets for the shipped job {job}"));
+            let indent = &line[..line.len() - trimmed.len()];
+            out.push_str(&format!("{indent}- targets: {addrs:?}"));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A Prometheus server, killed on drop.
+struct Prometheus {
+    child: std::process::Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    fn start(config: &str, rules: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        std::fs::write(dir.path().join("alerts.yml"), rules).unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let child = std::process::Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus (Debian's prometheus package; scripts/test installs it)");
+        Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Option<Value> {
+        let url = reqwest::Url::parse_with_params(&format!("{}{path}", self.base), query).ok()?;
+        let resp = http_client().get(url).send().await.ok()?;
+        let body: Value = resp.json().await.ok()?;
+        (body["status"] == "success").then(|| body["data"].clone())
+    }
+
+    /// The instant vector `expr` evaluates to now.
+    async fn query(&self, expr: &str) -> Vec<Value> {
+        self.get("/api/v1/query", &[("query", expr)])
+            .await
+            .and_then(|d| d["result"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Active alerts as (name, state) pairs.
+    async fn alerts(&self) -> BTreeSet<(String, String)> {
+        self.get("/api/v1/alerts", &[])
+            .await
+            .and_then(|d| d["alerts"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|a| {
+                (
+                    a["labels"]["alertname"].as_str().unwrap_or("").to_owned(),
+                    a["state"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    async fn active(&self) -> BTreeSet<String> {
+        self.alerts()
+            .await
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// Waits until every alert of `expected` fires, then asserts that no
+    /// other alert is pending or firing.
+    async fn expect_firing(&self, expected: &[&str]) {
+        let mut alerts = BTreeSet::new();
+        let fired = tokio::time::timeout(Duration::from_secs(90), async {
+            loop {
+                alerts = self.alerts().await;
+                if expected
+                    .iter()
+                    .all(|name| alerts.contains(&((*name).to_owned(), "firing".to_owned())))
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+        .await;
+        assert!(
+            fired.is_ok(),
+            "{expected:?} not all firing; active: {alerts:?}\n{}",
+            self.log()
+        );
+        let active = self.active().await;
+        let wanted: BTreeSet<String> = expected.iter().map(|n| (*n).to_owned()).collect();
+        assert_eq!(active, wanted, "only the fault's alerts are active");
+    }
+
+    /// Waits until no alert is pending or firing.
+    async fn expect_quiet(&self) {
+        let mut last = BTreeSet::new();
+        let quiet = tokio::time::timeout(Duration::from_secs(90), async {
+            loop {
+                last = self.active().await;
+                if last.is_empty() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+        .await;
+        assert!(
+            quiet.is_ok(),
+            "alerts still active: {last:?}\n{}",
+            self.log()
+        );
+    }
+}
+
+/// The environment shared by a deployment's processes.
+fn env(
+    t: &TestDb,
+    nats: &NatsServer,
+    extra: &[(&'static str, String)],
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("SEAWALL_DATABASE_URL", t.url.clone()),
+        ("SEAWALL_NATS_URL", nats.url()),
+        ("SEAWALL_RELAY_POLL_MS", "100".to_owned()),
+        // A row the stream refuses dies at its first failed attempt.
+        ("SEAWALL_RELAY_MAX_ATTEMPTS", "1".to_owned()),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+fn spawn(role: &str, env: &[(&'static str, String)], listen: (&'static str, u16)) -> Seawall {
+    let mut env = env.to_vec();
+    env.push((listen.0, format!("127.0.0.1:{}", listen.1)));
+    Seawall::spawn(&[role], &env)
+}
+
+async fn publish(js: &jetstream::Context, id: &str, payload: &[u8]) {
+    let msg = PublishMessage::build()
+        .payload(payload.to_vec().into())
+        .message_id(id);
+    js.send_publish(RECORD_SUBJECT, msg)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+async fn publish_credits(js: &jetstream::Context, prefix: &str, n: usize) {
+    for i in 0..n {
+        // An account each, so handlers never wait for one another.
+        let payload = format!(r#"{{"account_id":"{prefix}-{i}","amount":1}}"#);
+        publish(js, &format!("{prefix}-{i}"), payload.as_bytes()).await;
+    }
+}
+
+/// Waits until the Prometheus sum of processed deliveries reaches `n`.
+async fn wait_processed(prom: &Prometheus, n: usize) {
+    wait_until(
+        "deliveries processed, as scraped",
+        Duration::from_secs(60),
+        || async {
+            prom.query(r#"sum(seawall_consumer_messages_total{outcome="processed"})"#)
+                .await
+                .first()
+                .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok())
+                .is_some_and(|v| v >= n as f64)
+        },
+    )
+    .await;
+}
+
+async fn admin(method: reqwest::Method, base: &str, path: &str) -> Value {
+    let resp = http_client()
+        .request(method, format!("{base}{path}"))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{path}: {}", resp.status());
+    resp.json().await.unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let wal_db = TestDb::new(Backend::Postgres).await;
+    let nats = NatsServer::start().await;
+    let common = env(&t, &nats, &[]);
+    let wal_env = env(&wal_db, &nats, &[("SEAWALL_OUTBOX_MODE", "wal".to_owned())]);
+    let ports: Vec<u16> = (0..7).map(|_| free_port()).collect();
+    let api = spawn("api", &common, ("SEAWALL_API_ADDR", ports[0]));
+    let mut relays = vec![
+        spawn("relay", &common, ("SEAWALL_METRICS_ADDR", ports[1])),
+        spawn("relay", &common, ("SEAWALL_METRICS_ADDR", ports[2])),
+    ];
+    let consumers = [
+        spawn("consume", &common, ("SEAWALL_METRICS_ADDR", ports[3])),
+        spawn("consume", &common, ("SEAWALL_METRICS_ADDR", ports[4])),
+    ];
+    let wal_api = spawn("api", &wal_env, ("SEAWALL_API_ADDR", ports[5]));
+    let mut wal_relay = spawn("relay", &wal_env, ("SEAWALL_METRICS_ADDR", ports[6]));
+    let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
+    let prom = Prometheus::start(
+        &test_config(&[
+            ("seawall-api", vec![addr(0), addr(5)]),
+            ("seawall-relay", vec![addr(1), addr(2), addr(6)]),
+            ("seawall-consume", vec![addr(3), addr(4)]),
+        ]),
+        &test_rules(),
+    );
+    let base = format!("http://{}", addr(0));
+    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    wait_for_stream(&js, LEDGER_STREAM).await;
+    wait_until("every process scraped", Duration::from_secs(60), || async {
+        prom.query(r#"up{job=~"seawall.*"} == 1"#).await.len() == 7
+    })
+    .await;
+    publish_credits(&js, "warm", 20).await;
+    wait_processed(&prom, 20).await;
+    prom.expect_quiet().await;
+
+    // 1. A row the stream refuses dies: SeawallOutboxRowsDead. The runbook:
+    // find it (GET /api/v1/outbox?status=dead), read its last_error, fix
+    // the cause, retry it.
+    let mut poison = crate::support::rows::event("prom-poison".into(), chrono::Utc::now());
+    poison.headers = Set(serde_json::json!(["not", "an", "object"]));
+    outbox_message::Entity::insert(poison)
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    prom.expect_firing(&["SeawallOutboxRowsDead"]).await;
+    let dead = admin(reqwest::Method::GET, &base, "/api/v1/outbox?status=dead").await;
+    let row = &dead["items"][0];
+    assert!(
+        row["last_error"].as_str().unwrap().contains("headers"),
+        "{row}"
+    );
+    let id = row["id"].as_i64().unwrap();
+    t.db.execute_unprepared(&format!(
+        "UPDATE outbox_message SET headers = '{{}}' WHERE id = {id}"
+    ))
+    .await
+    .unwrap();
+    admin(
+        reqwest::Method::POST,
+        &base,
+        &format!("/api/v1/outbox/{id}/retry"),
+    )
+    .await;
+    prom.expect_quiet().await;
+
+    // 2. A message no handler can use is dead-lettered:
+    // SeawallDeadLettersGrowing and SeawallDeadLettersOpen. The runbook:
+    // list the open dead letters, read the reason, replay or delete.
+    publish(&js, "prom-unusable", b"not json").await;
+    publish_credits(&js, "around-dead", 40).await;
+    prom.expect_firing(&["SeawallDeadLettersGrowing", "SeawallDeadLettersOpen"])
+        .await;
+    let letters = admin(
+        reqwest::Method::GET,
+        &base,
+        "/api/v1/dead-letters?replayed=false",
+    )
+    .await;
+    let letter = &letters["items"][0];
+    assert_eq!(letter["message_id"], "prom-unusable", "{letters}");
+    admin(
+        reqwest::Method::DELETE,
+        &base,
+        &format!("/api/v1/dead-letters/{}", letter["id"]),
+    )
+    .await;
+    prom.expect_quiet().await;
+
+    // 3. Messages wait and no consumer settles any (a lock holds every
+    // handler): SeawallConsumerStalled, though every process is up. The
+    // runbook: the consumers' /readyz and logs, then the database's
+    // blocked sessions; end what blocks them.
+    let holder = t.db.begin().await.unwrap();
+    holder
+        .execute_unprepared("LOCK TABLE ledger_balance IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    publish_credits(&js, "behind-lock", 5).await;
+    prom.expect_firing(&["SeawallConsumerStalled"]).await;
+    let ended = blocking_sessions_ended(&t.db).await;
+    assert!(ended >= 1, "the runbook's query found the lock holder");
+    drop(holder);
+    wait_processed(&prom, 20 + 40 + 5).await;
+    prom.expect_quiet().await;
+
+    // 4. Every table relay gone: SeawallRelayDown? No: the WAL relay still
+    // beats. Both table relays down: SeawallProcessDown for each; the
+    // runbook starts them again.
+    for relay in &mut relays {
+        relay.kill9().await;
+    }
+    prom.expect_firing(&["SeawallProcessDown"]).await;
+    let down = prom
+        .query(r#"ALERTS{alertname="SeawallProcessDown",alertstate="firing"}"#)
+        .await;
+    assert_eq!(down.len(), 2, "{down:?}");
+    // ...and the WAL relay too: no relay at all.
+    wal_relay.kill9().await;
+    prom.expect_firing(&[
+        "SeawallProcessDown",
+        "SeawallRelayDown",
+        "SeawallWalSlotUnread",
+    ])
+    .await;
+    relays = vec![
+        spawn("relay", &common, ("SEAWALL_METRICS_ADDR", ports[1])),
+        spawn("relay", &common, ("SEAWALL_METRICS_ADDR", ports[2])),
+    ];
+    wal_relay = spawn("relay", &wal_env, ("SEAWALL_METRICS_ADDR", ports[6]));
+    prom.expect_quiet().await;
+
+    // 5. The API cannot read the tables: SeawallStatsUnavailable, and the
+    // table gauges are absent rather than frozen. The runbook: the API's
+    // log names the failing query; repair the database.
+    t.db.execute_unprepared("ALTER TABLE dead_letter RENAME TO dead_letter_away")
+        .await
+        .unwrap();
+    prom.expect_firing(&["SeawallStatsUnavailable"]).await;
+    let frozen = prom
+        .query(&format!(r#"seawall_outbox_rows{{instance="{}"}}"#, addr(0)))
+        .await;
+    assert!(frozen.is_empty(), "table gauges still exported: {frozen:?}");
+    assert!(api.log_text().contains("stats: could not refresh"));
+    t.db.execute_unprepared("ALTER TABLE dead_letter_away RENAME TO dead_letter")
+        .await
+        .unwrap();
+    prom.expect_quiet().await;
+
+    // The dashboard: with traffic flowing, every panel's queries return
+    // data from this Prometheus.
+    publish_credits(&js, "dashboard", 20).await;
+    wait_processed(&prom, 20 + 40 + 5 + 20).await;
+    dashboard_panels_have_data(&prom).await;
+
+    for p in relays
+        .iter()
+        .chain(&consumers)
+        .chain([&api, &wal_api, &wal_relay])
+    {
+        p.assert_no_panic();
+    }
+    drop(wal_relay);
+    let slot = worker::relay::wal::default_slot_name(&wal_db.url);
+    wait_until("the WAL slot released", Duration::from_secs(30), || async {
+        worker::relay::wal::drop_slot(&wal_db.db, &slot)
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+/// The runbook's step for a stalled consumer on PostgreSQL: the sessions
+/// that block others (`pg_blocking_pids`), ended with
+/// `pg_terminate_backend`. Returns how many were ended.
+async fn blocking_sessions_ended(db: &DatabaseConnection) -> usize {
+    let sql = "SELECT pg_terminate_backend(b.pid) AS ended FROM pg_stat_activity b \
+               WHERE b.pid IN (SELECT unnest(pg_blocking_pids(w.pid)) FROM pg_stat_activity w \
+               WHERE w.datname = current_database())";
+    wait_until("a blocked handler", Duration::from_secs(30), || async {
+        let rows = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                "SELECT 1 FROM pg_stat_activity w WHERE w.datname = current_database() \
+                 AND cardinality(pg_blocking_pids(w.pid)) > 0",
+            ))
+            .await
+            .unwrap();
+        !rows.is_empty()
+    })
+    .await;
+    db.query_all_raw(sea_orm::Statement::from_string(
+        sea_orm::DbBackend::Postgres,
+        sql,
+    ))
+    .await
+    .unwrap()
+    .len()
+}
+
+/// Every panel query of `deploy/grafana/seawall.json`, with Grafana's
+/// `$__rate_interval` as one minute, returns at least one series.
+async fn dashboard_panels_have_data(prom: &Prometheus) {
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy_dir().join("grafana/seawall.json")).unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| {
+            t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+        })
+        .collect();
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    for expr in &exprs {
+        wait_until(
+            &format!("data for the panel query {expr}"),
+            Duration::from_secs(30),
+            || async { !prom.query(expr).await.is_empty() },
+        )
+        .await;
+    }
+}
