@@ -197,23 +197,25 @@ impl Application {
         };
         // A process without the admin API serves its probes and metrics on
         // a listener of its own, bound here so a taken port stops start-up.
+        // Each consumer's own readiness (not paused for an outage), asked
+        // by whichever listener serves this process's /readyz.
+        let checks: Vec<api::probes::RoleCheck> = consumers
+            .iter()
+            .map(|c| {
+                let health = c.health();
+                Arc::new(move || health.problem()) as api::probes::RoleCheck
+            })
+            .collect();
         let probes = match settings.metrics_addr() {
             Some(addr) if !roles.api => {
                 let listener = api::probes::bind(addr)
                     .await
                     .context("serving probes and metrics (metrics_addr)")?;
-                let checks = consumers
-                    .iter()
-                    .map(|c| {
-                        let health = c.health();
-                        Arc::new(move || health.problem()) as api::probes::RoleCheck
-                    })
-                    .collect();
                 let probes = api::probes::Probes {
                     db: db.clone(),
                     nats: Some(client.clone()),
                     metrics: metrics.clone(),
-                    checks,
+                    checks: checks.clone(),
                 };
                 Some((listener, probes))
             }
@@ -228,6 +230,7 @@ impl Application {
                 relay_wake: Some(wake),
                 metrics,
                 stats: Default::default(),
+                checks,
                 config: Arc::new(api::ApiConfig {
                     token: settings.admin_token.clone(),
                     prune: Some(retention),

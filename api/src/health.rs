@@ -27,12 +27,20 @@ pub async fn healthz() -> Json<Health> {
     })
 }
 
-/// The database and NATS are reachable and the migrations are applied; 503
-/// naming the failing part otherwise.
+/// The database the pages are read from and NATS are reachable, the
+/// migrations are applied, and the other roles of this process (a
+/// consumer in `seawall run`) can do their work; 503 naming each failing
+/// part otherwise.
+///
+/// With a read replica (`admin_database_url`) the database checked is the
+/// replica: the API's job is to show what is stuck, and it does that while
+/// the primary is down or failing over (its writes then answer 503).
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses((status = 200, body = Health), (status = 503, body = ErrorBody)))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    answer(problems(&state.db, state.nats.as_ref()).await)
+    let mut problems = problems(state.reads(), state.nats.as_ref()).await;
+    problems.extend(state.checks.iter().filter_map(|check| check()));
+    answer(problems)
 }
 
 /// What keeps a process from being ready: the database unreachable or

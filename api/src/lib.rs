@@ -112,6 +112,9 @@ pub struct AppState {
     pub config: Arc<ApiConfig>,
     /// The last reading of the stats, shared by concurrent callers.
     pub stats: Arc<stats::Cache>,
+    /// The other roles' readiness checks when they share this process
+    /// (`seawall run`), asked at every `/readyz`.
+    pub checks: Vec<probes::RoleCheck>,
 }
 
 impl AppState {

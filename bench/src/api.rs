@@ -152,6 +152,7 @@ async fn serve(db: &DatabaseConnection, cancel: CancellationToken) -> Result<Str
         relay_wake: None,
         metrics: None,
         stats: Default::default(),
+        checks: Vec::new(),
         config: Arc::new(api::ApiConfig {
             token: Some(TOKEN.into()),
             ..api::ApiConfig::default()

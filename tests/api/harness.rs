@@ -48,6 +48,7 @@ impl TestApi {
                     .handle(),
             ),
             stats: Default::default(),
+            checks: Vec::new(),
             config: Arc::new(api::ApiConfig {
                 token: token.map(Into::into),
                 prune: Some(service::retention::PruneConfig {

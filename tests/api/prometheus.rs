@@ -393,10 +393,18 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
         relay.kill9().await;
     }
     prom.expect_firing(&["SeawallProcessDown"]).await;
-    let down = prom
-        .query(r#"ALERTS{alertname="SeawallProcessDown",alertstate="firing"}"#)
-        .await;
-    assert_eq!(down.len(), 2, "{down:?}");
+    wait_until(
+        "both relays' processes down",
+        Duration::from_secs(30),
+        || async {
+            prom.query(r#"ALERTS{alertname="SeawallProcessDown",alertstate="firing"}"#)
+                .await
+                .len()
+                == 2
+        },
+    )
+    .await;
+    assert!(prom.active().await.len() == 1, "{:?}", prom.alerts().await);
     // ...and the WAL relay too: no relay at all.
     wal_relay.kill9().await;
     prom.expect_firing(&[

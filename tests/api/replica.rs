@@ -158,6 +158,13 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
         },
     )
     .await;
+    // The API's job (showing what is stuck) goes on: it stays ready.
+    let ready = crate::support::http_client()
+        .get(format!("{}/readyz", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
     // The metrics say so too, and leave the lag out: a replica cut off has
     // replayed all it received, so its lag would read 0.
     let metrics = crate::support::http_client()

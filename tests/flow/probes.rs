@@ -19,16 +19,27 @@ async fn get(url: &str) -> Option<(u16, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consume_process_serves_probes_and_is_not_ready_while_paused_for_an_outage() {
+    probes_of_a_consuming_process("consume", "SEAWALL_METRICS_ADDR").await;
+}
+
+/// `seawall run` answers its probes on the API listener, and its consumers'
+/// readiness is part of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_process_is_not_ready_while_its_consumer_is_paused() {
+    probes_of_a_consuming_process("run", "SEAWALL_API_ADDR").await;
+}
+
+async fn probes_of_a_consuming_process(role: &str, listen_key: &str) {
     let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     let upstream = upstream_of(&t.url);
     let proxy = Proxy::start(upstream).await;
     let base = format!("http://127.0.0.1:{}", free_port());
     let consume = Seawall::spawn(
-        &["consume"],
+        &[role],
         &env(
             &proxy.url_for(&t.url, upstream),
             &nats.url(),
-            &[("SEAWALL_METRICS_ADDR", base.trim_start_matches("http://"))],
+            &[(listen_key, base.trim_start_matches("http://"))],
         ),
     );
     wait_until("ready", Duration::from_secs(60), || async {
@@ -49,8 +60,10 @@ async fn a_consume_process_serves_probes_and_is_not_ready_while_paused_for_an_ou
         },
     )
     .await;
-    let (status, _) = get(&format!("{base}/api/v1/stats")).await.unwrap();
-    assert_eq!(status, 404, "the probes listener serves no admin routes");
+    if role == "consume" {
+        let (status, _) = get(&format!("{base}/api/v1/stats")).await.unwrap();
+        assert_eq!(status, 404, "the probes listener serves no admin routes");
+    }
 
     proxy.cut();
     publish_entries(&js, &[("probe-2".to_owned(), req("acct", 1))]).await;

@@ -123,6 +123,7 @@ async fn a_replayed_dead_letter_reaches_only_its_own_consumer() {
         relay_wake: Some(Arc::new(Notify::new())),
         metrics: None,
         stats: Default::default(),
+        checks: Vec::new(),
         config: Arc::new(api::ApiConfig {
             replay_subjects,
             ..api::ApiConfig::default()
