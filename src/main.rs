@@ -51,9 +51,36 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Exit 0 when a probe URL answers 2xx within 3 s, 1 otherwise: the
+    /// container image's health check, which has no HTTP client of its own.
+    Healthcheck {
+        /// The probe to ask.
+        #[arg(default_value = "http://127.0.0.1:9464/healthz")]
+        url: String,
+    },
     /// The domain's own commands (`src/domain/`).
     #[command(flatten)]
     Domain(domain::Commands),
+}
+
+/// GETs `url`; an error unless it answers 2xx within 3 s.
+async fn healthcheck(url: &str) -> Result<()> {
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .build()
+        .context("building the HTTP client")?;
+    let response = client
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("asking {url}"))?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "{url} answered {}",
+        response.status()
+    );
+    println!("{url}: {}", response.status());
+    Ok(())
 }
 
 #[tokio::main]
@@ -64,6 +91,9 @@ async fn main() -> ExitCode {
 async fn run() -> Result<()> {
     let _telemetry = seawall::app::init()?;
     let cli = Cli::parse();
+    if let Command::Healthcheck { url } = &cli.command {
+        return healthcheck(url).await;
+    }
     let loaded = config::load::<domain::Settings>(cli.config.as_deref())?;
     let settings = &loaded.settings;
     match cli.command {
@@ -91,6 +121,8 @@ async fn run() -> Result<()> {
         Command::Consume => serve(settings, Roles::CONSUME, domain::domain(&loaded)?).await?,
         Command::Api => serve(settings, Roles::API, domain::domain(&loaded)?).await?,
         Command::Domain(command) => domain::run(command, &loaded).await?,
+        // Answered before the settings are read.
+        Command::Healthcheck { .. } => {}
         Command::Prune { dry_run } => {
             let retention = settings.retention()?;
             let db = connect_db(&settings.database_url, 2).await?;
