@@ -40,14 +40,89 @@ impl Drop for Telemetry {
     }
 }
 
-/// Whether the standard variables name an OTLP endpoint for traces.
-fn exporting() -> bool {
-    [
+/// Whether traces are exported: the standard variables name an OTLP
+/// endpoint, and neither `OTEL_SDK_DISABLED=true` nor
+/// `OTEL_TRACES_EXPORTER=none` turns exporting off.
+///
+/// # Errors
+/// [`TelemetryError::Unsupported`] for an exporter or protocol this build
+/// cannot honour: exporting nothing, or something else, silently would
+/// lose the traces an operator configured.
+fn exporting() -> Result<bool, TelemetryError> {
+    let var = |key: &str| std::env::var(key).ok().filter(|v| !v.trim().is_empty());
+    if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return Ok(false);
+    }
+    match var("OTEL_TRACES_EXPORTER").as_deref().map(str::trim) {
+        None | Some("otlp") => {}
+        Some("none") => return Ok(false),
+        Some(other) => {
+            return Err(TelemetryError::Unsupported {
+                key: "OTEL_TRACES_EXPORTER",
+                value: other.to_owned(),
+                supported: "`otlp` or `none`",
+            });
+        }
+    }
+    if ![
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     ]
     .iter()
-    .any(|key| std::env::var_os(key).is_some_and(|v| !v.is_empty()))
+    .any(|key| var(key).is_some())
+    {
+        return Ok(false);
+    }
+    for key in [
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    ] {
+        if let Some(protocol) = var(key).filter(|p| p.trim() != "http/protobuf") {
+            return Err(TelemetryError::Unsupported {
+                key,
+                value: protocol,
+                supported: "`http/protobuf` (OTLP over HTTP, usually port 4318)",
+            });
+        }
+    }
+    Ok(true)
+}
+
+/// The attributes that tell one process from another in a trace viewer:
+/// several `relay` and `consume` processes of one service otherwise show
+/// identical resources. `seawall.role` is the command the process runs
+/// (`run`, `relay`, `consume`, `api`, or a tool such as `migrate`).
+fn process_attributes() -> Vec<opentelemetry::KeyValue> {
+    use opentelemetry::KeyValue;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty());
+    let role = std::env::args()
+        .skip(1)
+        .find(|arg| !arg.starts_with('-'))
+        .unwrap_or_else(|| "none".to_owned());
+    let mut attributes = vec![
+        KeyValue::new("service.instance.id", uuid::Uuid::new_v4().to_string()),
+        KeyValue::new("process.pid", i64::from(std::process::id())),
+        KeyValue::new("seawall.role", role),
+    ];
+    if let Some(host) = host {
+        attributes.push(KeyValue::new("host.name", host));
+    }
+    attributes
+}
+
+/// Whether `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names the
+/// service; seawall names it `seawall` only when neither does.
+fn service_named() -> bool {
+    std::env::var_os("OTEL_SERVICE_NAME").is_some_and(|v| !v.is_empty())
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|attrs| {
+            attrs
+                .split(',')
+                .any(|pair| pair.split('=').next().map(str::trim) == Some("service.name"))
+        })
 }
 
 /// A logging variable that cannot be used: start-up stops naming it rather
@@ -60,6 +135,16 @@ pub enum TelemetryError {
     /// `SEAWALL_LOG` is not a `tracing` filter.
     #[error("SEAWALL_LOG is not a log filter (e.g. `info,worker=debug`)")]
     LogFilter(#[source] tracing_subscriber::filter::ParseError),
+    /// A standard OpenTelemetry variable asks for what this build cannot do.
+    #[error("{key}={value:?} is not supported: use {supported}")]
+    Unsupported {
+        /// The variable.
+        key: &'static str,
+        /// Its value.
+        value: String,
+        /// What works.
+        supported: &'static str,
+    },
 }
 
 /// Whether `SEAWALL_LOG_FORMAT` asks for JSON lines (`json`) rather than
@@ -105,12 +190,13 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
         Box::new(TraceContextPropagator::new()),
         Box::new(BaggagePropagator::new()),
     ]));
-    let mut resource = Resource::builder();
-    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+    let exporting = exporting()?;
+    let mut resource = Resource::builder().with_attributes(process_attributes());
+    if !service_named() {
         resource = resource.with_service_name("seawall");
     }
     let mut builder = SdkTracerProvider::builder().with_resource(resource.build());
-    if exporting() {
+    if exporting {
         match opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .build()
@@ -142,7 +228,7 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
     // ids. Otherwise no span is traced (a span per message and per row
     // costs the relay a third of its throughput) and the trace context of
     // each message passes through unchanged (see `service::trace`).
-    let traces = (exporting() || json).then(|| {
+    let traces = (exporting || json).then(|| {
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
             .with_filter(EnvFilter::new(

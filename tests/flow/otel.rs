@@ -26,6 +26,8 @@ use crate::support::webhook::WebhookServer;
 #[derive(Debug, Clone)]
 struct Received {
     service: String,
+    /// The exporting process's resource attributes.
+    resource: Vec<(String, String)>,
     name: String,
     trace_id: String,
     span_id: String,
@@ -57,17 +59,27 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Received>>>) {
                 let request = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
                 let mut spans = store.lock().unwrap();
                 for resource in request.resource_spans {
-                    let service = resource
+                    let attributes: Vec<(String, String)> = resource
                         .resource
                         .iter()
                         .flat_map(|r| r.attributes.iter())
-                        .find(|a| a.key == "service.name")
-                        .map(|a| text(a.value.as_ref().and_then(|v| v.value.as_ref())))
+                        .map(|a| {
+                            (
+                                a.key.clone(),
+                                text(a.value.as_ref().and_then(|v| v.value.as_ref())),
+                            )
+                        })
+                        .collect();
+                    let service = attributes
+                        .iter()
+                        .find(|(k, _)| k == "service.name")
+                        .map(|(_, v)| v.clone())
                         .unwrap_or_default();
                     for scope in resource.scope_spans {
                         for span in scope.spans {
                             spans.push(Received {
                                 service: service.clone(),
+                                resource: attributes.clone(),
                                 name: span.name,
                                 trace_id: hex(&span.trace_id),
                                 span_id: hex(&span.span_id),
@@ -196,6 +208,31 @@ async fn one_trace_runs_from_a_request_through_the_outbox_to_the_next_consumer()
         second.parent_span_id, publish.span_id,
         "the next consumer continues from the publish"
     );
+    // Each process's resource names it: its own instance id, its pid, its
+    // host and its role.
+    let resource = |span: &Received, key: &str| {
+        span.resource
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {key} in {:?}", span.resource))
+    };
+    assert_eq!(resource(first, "seawall.role"), "consume");
+    assert_eq!(resource(publish, "seawall.role"), "relay");
+    // Integers come through `text` as the protobuf value's debug form.
+    assert_eq!(
+        resource(first, "process.pid"),
+        format!("IntValue({})", consume.pid())
+    );
+    assert_eq!(
+        resource(publish, "process.pid"),
+        format!("IntValue({})", relay.pid())
+    );
+    assert_ne!(
+        resource(first, "service.instance.id"),
+        resource(publish, "service.instance.id")
+    );
+    assert!(!resource(first, "host.name").is_empty());
     // SEAWALL_LOG_FORMAT=json: one JSON object per line, those inside the
     // trace carrying its ids.
     let log = consume.log_text();
@@ -214,4 +251,83 @@ async fn one_trace_runs_from_a_request_through_the_outbox_to_the_next_consumer()
     relay.assert_no_panic();
     consume.terminate().await;
     relay.terminate().await;
+}
+
+/// A relay exports a span per published event and nothing while idle
+/// (no span per polling round); `OTEL_RESOURCE_ATTRIBUTES` names the
+/// service when `OTEL_SERVICE_NAME` does not; `OTEL_SDK_DISABLED` and
+/// `OTEL_TRACES_EXPORTER=none` turn exporting off though an endpoint is
+/// set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_rounds_export_nothing_and_the_standard_variables_are_honoured() {
+    let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
+    let (endpoint, spans) = receiver().await;
+    let process = |role: &str, extra: (&'static str, &str)| {
+        Seawall::spawn(
+            &[role],
+            &[
+                ("SEAWALL_DATABASE_URL", t.url.clone()),
+                ("SEAWALL_NATS_URL", nats.url()),
+                // Many idle rounds while the test runs.
+                ("SEAWALL_RELAY_POLL_MS", "50".to_owned()),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+                ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+                (extra.0, extra.1.to_owned()),
+            ],
+        )
+    };
+    let mut relay = process(
+        "relay",
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "service.name=orders-relay,deployment.environment=test",
+        ),
+    );
+    let mut disabled = process("consume", ("OTEL_SDK_DISABLED", "true"));
+    let mut none = process("consume", ("OTEL_TRACES_EXPORTER", "none"));
+    let ids: Vec<(String, _)> = (0..4)
+        .map(|i| (format!("otel-quiet-{i}"), crate::helpers::req("acct", 1)))
+        .collect();
+    crate::helpers::publish_entries(&js, &ids).await;
+    wait_until("handled and relayed", Duration::from_secs(60), || async {
+        testkit::ledger::balance_of(&t.db, "acct").await.unwrap() == Some(4)
+            && worker::relay::pending_count(&t.db).await.unwrap() == 0
+    })
+    .await;
+    // Stopping flushes what each process had not exported yet.
+    for p in [&mut relay, &mut disabled, &mut none] {
+        p.terminate().await;
+    }
+    let received = spans.lock().unwrap().clone();
+    let names: std::collections::BTreeSet<(&str, &str)> = received
+        .iter()
+        .map(|s| (s.service.as_str(), s.name.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [("orders-relay", "outbox.publish")].into_iter().collect(),
+        "only the relay's publishes, under the service OTEL_RESOURCE_ATTRIBUTES names: {received:#?}"
+    );
+    assert_eq!(received.len(), 4, "one span per published event");
+}
+
+/// A protocol this build cannot speak stops start-up naming the variable,
+/// rather than exporting nothing.
+#[test]
+fn an_unsupported_otlp_protocol_stops_startup_naming_the_variable() {
+    for (key, value) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+        ("OTEL_TRACES_EXPORTER", "zipkin"),
+    ] {
+        let out = crate::support::seawall_output(
+            &["migrate"],
+            &[
+                ("SEAWALL_DATABASE_URL", "sqlite::memory:"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                (key, value),
+            ],
+        );
+        crate::support::fails_naming(&out, key);
+    }
 }

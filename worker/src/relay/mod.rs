@@ -148,7 +148,11 @@ impl Relay {
     ///
     /// # Errors
     /// A database error; publish failures are recorded on the rows instead.
-    #[tracing::instrument(name = "relay.round", skip_all, fields(instance = %self.config.instance))]
+    // At debug: a round runs every poll interval while the relay is idle,
+    // and at info every one would be a trace of its own (an idle relay
+    // would export a span a second). Each published row has its own
+    // `outbox.publish` span, in the trace of the handler that wrote it.
+    #[tracing::instrument(level = "debug", name = "relay.round", skip_all, fields(instance = %self.config.instance))]
     pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
         let started = std::time::Instant::now();
         let round = self
