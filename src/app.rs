@@ -123,7 +123,7 @@ impl Application {
     ) -> Result<Self> {
         let retention = settings.retention()?;
         if roles.api {
-            api::check_exposure(settings.api_addr, settings.admin_token.as_deref())?;
+            api::check_exposure(settings.api_addr, !settings.api_tokens()?.is_empty())?;
         }
         wait_out_database("applying migrations", || migration::apply(&db)).await?;
         // The workers cannot start without NATS; the API alone can.
@@ -221,6 +221,7 @@ impl Application {
             }
             _ => None,
         };
+        let tokens = settings.api_tokens()?;
         let api = roles.api.then(|| {
             let state = api::AppState {
                 db,
@@ -232,7 +233,7 @@ impl Application {
                 stats: Default::default(),
                 checks,
                 config: Arc::new(api::ApiConfig {
-                    token: settings.admin_token.clone(),
+                    tokens,
                     prune: Some(retention),
                     replay_subjects: replay_subjects(&domain),
                     wal_slot: wal.then(|| settings.wal_slot()),

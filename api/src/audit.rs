@@ -40,7 +40,7 @@ struct Action {
     action: String,
     filter: String,
     client: String,
-    identity: &'static str,
+    identity: String,
     answered: bool,
 }
 
@@ -117,11 +117,10 @@ pub async fn record(
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string()),
-        identity: if state.config.token.is_some() {
-            "admin token"
-        } else {
-            "loopback caller without a token"
-        },
+        identity: parts
+            .extensions
+            .get::<crate::auth::Identity>()
+            .map_or_else(|| "unknown".to_owned(), |i| i.0.clone()),
         answered: false,
     };
     let response = next.run(Request::from_parts(parts, Body::from(body))).await;

@@ -10,27 +10,80 @@ use subtle::ConstantTimeEq;
 use crate::AppState;
 use crate::error::ApiError;
 
-/// Lets a request through when its `Authorization: Bearer` token equals the
-/// configured one, compared in constant time so response timing does not leak
-/// how much of a guess was right. Without a configured token the API only
-/// listens on loopback (checked at start-up) and needs none.
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Every call: reads and repairs (retry, release, replay, delete,
+    /// prune).
+    Write,
+    /// Reads only (`GET`): for dashboards, scripts and people who look.
+    Read,
+}
+
+/// A bearer token with the name the audit trail records for its calls.
+#[derive(Debug, Clone)]
+pub struct Token {
+    /// Who holds it (`admin` for `SEAWALL_ADMIN_TOKEN`).
+    pub name: String,
+    /// What it may do.
+    pub access: Access,
+    /// The secret itself.
+    pub secret: String,
+}
+
+impl Token {
+    /// The single all-powerful token of `SEAWALL_ADMIN_TOKEN`, named `admin`.
+    pub fn admin(secret: impl Into<String>) -> Self {
+        Self {
+            name: "admin".into(),
+            access: Access::Write,
+            secret: secret.into(),
+        }
+    }
+}
+
+/// Who made a request, as the audit trail names it: a token's name, or
+/// the loopback caller of an API without tokens.
+#[derive(Debug, Clone)]
+pub struct Identity(pub String);
+
+/// Lets a request through when its `Authorization: Bearer` token is one of
+/// the configured ones, and a read-only token only for reads (403
+/// otherwise). Every token is compared, each in constant time, so response
+/// timing tells neither how much of a guess was right nor which token it
+/// resembled. The request carries the token's [`Identity`] on. Without
+/// configured tokens the API only listens on loopback (checked at start-up)
+/// and needs none.
 pub async fn require_token(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if let Some(expected) = &state.config.token {
+    let identity = if state.config.tokens.is_empty() {
+        Identity("loopback caller without a token".into())
+    } else {
         let presented = request
             .headers()
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        let equal: bool = presented.as_bytes().ct_eq(expected.as_bytes()).into();
-        if !equal {
-            return Err(ApiError::Unauthorized);
+        let mut matched = None;
+        for token in &state.config.tokens {
+            if bool::from(presented.as_bytes().ct_eq(token.secret.as_bytes())) {
+                matched = Some(token);
+            }
         }
-    }
+        let token = matched.ok_or(ApiError::Unauthorized)?;
+        if token.access == Access::Read && !request.method().is_safe() {
+            return Err(ApiError::Forbidden(format!(
+                "token {:?} is read-only; this call changes state",
+                token.name
+            )));
+        }
+        Identity(format!("token {}", token.name))
+    };
+    request.extensions_mut().insert(identity);
     Ok(next.run(request).await)
 }
 
@@ -46,7 +99,7 @@ pub async fn require_local(
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if state.config.token.is_none() {
+    if state.config.tokens.is_empty() {
         check_local(request.method(), request.uri(), request.headers())?;
     }
     Ok(next.run(request).await)

@@ -32,13 +32,25 @@ pub async fn healthz() -> Json<Health> {
 /// consumer in `seawall run`) can do their work; 503 naming each failing
 /// part otherwise.
 ///
-/// With a read replica (`admin_database_url`) the database checked is the
-/// replica: the API's job is to show what is stuck, and it does that while
-/// the primary is down or failing over (its writes then answer 503).
+/// With a read replica (`admin_database_url`) either database will do: the
+/// API shows what is stuck from the replica while the primary is down or
+/// failing over (its repairs then answer 503), and repairs on the primary
+/// while the replica is down (its pages then answer 503).
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses((status = 200, body = Health), (status = 503, body = ErrorBody)))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let mut problems = problems(state.reads(), state.nats.as_ref()).await;
+    let mut problems = problems_of_database(&state.db).await;
+    if let Some(reads) = &state.reads
+        && !problems.is_empty()
+    {
+        let replica = problems_of_database(reads).await;
+        if replica.is_empty() {
+            problems.clear();
+        } else {
+            problems.extend(replica.into_iter().map(|p| format!("replica: {p}")));
+        }
+    }
+    problems.extend(problem_of_broker(state.nats.as_ref()));
     problems.extend(state.checks.iter().filter_map(|check| check()));
     answer(problems)
 }
@@ -50,6 +62,19 @@ pub(crate) async fn problems(
     db: &DatabaseConnection,
     nats: Option<&async_nats::Client>,
 ) -> Vec<String> {
+    let mut problems = problems_of_database(db).await;
+    problems.extend(problem_of_broker(nats));
+    problems
+}
+
+/// The broker (when the process uses one) disconnected.
+fn problem_of_broker(nats: Option<&async_nats::Client>) -> Option<String> {
+    nats.filter(|client| client.connection_state() != async_nats::connection::State::Connected)
+        .map(|_| "NATS not connected".to_owned())
+}
+
+/// The database unreachable, or behind on migrations.
+async fn problems_of_database(db: &DatabaseConnection) -> Vec<String> {
     let mut problems = Vec::new();
     if let Err(err) = db.ping().await {
         tracing::warn!(error = %err, "readiness: database unreachable");
@@ -63,11 +88,6 @@ pub(crate) async fn problems(
                 problems.push("migrations not readable".to_owned());
             }
         }
-    }
-    if let Some(client) = nats
-        && client.connection_state() != async_nats::connection::State::Connected
-    {
-        problems.push("NATS not connected".to_owned());
     }
     problems
 }

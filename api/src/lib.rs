@@ -13,7 +13,7 @@
 //!   them, the token check, pagination.
 
 pub mod audit;
-mod auth;
+pub mod auth;
 mod dashboard;
 mod dead_letters;
 mod error;
@@ -53,8 +53,9 @@ pub use error::{ApiError, ErrorBody};
 /// Settings of the API.
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
-    /// Bearer token for `/api/v1`; without one the API only binds loopback.
-    pub token: Option<String>,
+    /// Bearer tokens for `/api/v1`, each named for the audit trail and
+    /// read-only or not; without any the API only binds loopback.
+    pub tokens: Vec<auth::Token>,
     /// Retention used by `POST /api/v1/prune`.
     pub prune: Option<PruneConfig>,
     /// Longest a request may take.
@@ -79,7 +80,7 @@ pub struct ApiConfig {
 impl Default for ApiConfig {
     fn default() -> Self {
         Self {
-            token: None,
+            tokens: Vec::new(),
             prune: None,
             request_timeout: Duration::from_secs(10),
             body_limit: 64 * 1024,
@@ -148,8 +149,8 @@ pub enum ServeError {
 ///
 /// # Errors
 /// [`ServeError::NoTokenOffLoopback`].
-pub fn check_exposure(addr: SocketAddr, token: Option<&str>) -> Result<(), ServeError> {
-    if token.is_none() && !addr.ip().is_loopback() {
+pub fn check_exposure(addr: SocketAddr, has_tokens: bool) -> Result<(), ServeError> {
+    if !has_tokens && !addr.ip().is_loopback() {
         return Err(ServeError::NoTokenOffLoopback(addr));
     }
     Ok(())
@@ -276,7 +277,7 @@ pub async fn serve(
     state: AppState,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
-    check_exposure(addr, state.config.token.as_deref())?;
+    check_exposure(addr, !state.config.tokens.is_empty())?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
@@ -293,7 +294,7 @@ pub async fn serve_listener(
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
     let addr = local_addr(&listener)?;
-    check_exposure(addr, state.config.token.as_deref())?;
+    check_exposure(addr, !state.config.tokens.is_empty())?;
     tracing::info!(%addr, "admin API listening");
     serve_router(listener, addr, router(state), cancel).await
 }

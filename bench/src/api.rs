@@ -154,7 +154,7 @@ async fn serve(db: &DatabaseConnection, cancel: CancellationToken) -> Result<Str
         stats: Default::default(),
         checks: Vec::new(),
         config: Arc::new(api::ApiConfig {
-            token: Some(TOKEN.into()),
+            tokens: vec![api::auth::Token::admin(TOKEN)],
             ..api::ApiConfig::default()
         }),
     };

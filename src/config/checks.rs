@@ -96,6 +96,7 @@ impl Settings {
         if matches!(&self.admin_token, Some(t) if t.trim().is_empty()) {
             return Err(invalid("admin_token", "must not be empty when set"));
         }
+        self.api_tokens()?;
         self.check_outbox_mode(scheme)?;
         self.check_files()?;
         crate::nats::check(self)

@@ -45,6 +45,9 @@ pub struct Settings {
     /// serves `/metrics`, `/healthz` and `/readyz`: an address, or `off`.
     pub metrics_addr: String,
     pub admin_token: Option<String>,
+    /// More tokens, each named for the audit trail and read-only or not:
+    /// `name:read:secret,name:write:secret` (see [`Settings::api_tokens`]).
+    pub admin_tokens: Option<String>,
     /// A read replica of `database_url` for the admin API's lists, details
     /// and stats; its writes still go to `database_url`.
     pub admin_database_url: Option<String>,
@@ -141,6 +144,7 @@ impl Default for Settings {
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             metrics_addr: DEFAULT_METRICS_ADDR.to_owned(),
             admin_token: None,
+            admin_tokens: None,
             admin_database_url: None,
             stats_max_age_ms: 5_000,
             ack_wait_ms: 30_000,
@@ -222,6 +226,74 @@ pub(crate) fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigEr
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 
 impl Settings {
+    /// The admin API's tokens: `admin_token` (named `admin`, full access)
+    /// and each entry of `admin_tokens`, `name:access:secret` with access
+    /// `read` (GET only) or `write`, separated by commas.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming `admin_tokens` for an entry that is
+    /// not of that shape, a name or secret used twice, or an empty secret.
+    pub fn api_tokens(&self) -> Result<Vec<api::auth::Token>, ConfigError> {
+        let mut tokens: Vec<api::auth::Token> = Vec::new();
+        if let Some(secret) = &self.admin_token {
+            tokens.push(api::auth::Token::admin(secret.clone()));
+        }
+        let entries = self.admin_tokens.as_deref().unwrap_or("");
+        for (i, entry) in entries
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .enumerate()
+        {
+            let mut parts = entry.splitn(3, ':');
+            let (Some(name), Some(access), Some(secret)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(invalid(
+                    "admin_tokens",
+                    format!("entry {} is not `name:read|write:secret`", i + 1),
+                ));
+            };
+            let access = match access {
+                "read" => api::auth::Access::Read,
+                "write" => api::auth::Access::Write,
+                other => {
+                    return Err(invalid(
+                        "admin_tokens",
+                        format!(
+                            "entry {:?}: access {other:?} is neither `read` nor `write`",
+                            name
+                        ),
+                    ));
+                }
+            };
+            if name.is_empty() || secret.trim().is_empty() {
+                return Err(invalid(
+                    "admin_tokens",
+                    format!("entry {} needs a name and a secret", i + 1),
+                ));
+            }
+            if tokens.iter().any(|t| t.name == name) {
+                return Err(invalid(
+                    "admin_tokens",
+                    format!("the name {name:?} is used twice"),
+                ));
+            }
+            if tokens.iter().any(|t| t.secret == secret) {
+                return Err(invalid(
+                    "admin_tokens",
+                    format!("{name:?} has the secret of another token"),
+                ));
+            }
+            tokens.push(api::auth::Token {
+                name: name.to_owned(),
+                access,
+                secret: secret.to_owned(),
+            });
+        }
+        Ok(tokens)
+    }
+
     /// Where a process without the admin API serves its probes and metrics;
     /// `None` when `metrics_addr = "off"`.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {

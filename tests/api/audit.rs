@@ -27,6 +27,10 @@ async fn an_admin_action_is_audited_at_the_default_log_level() {
             ("SEAWALL_NATS_URL", nats.url()),
             ("SEAWALL_API_ADDR", addr.clone()),
             ("SEAWALL_ADMIN_TOKEN", TOKEN.to_owned()),
+            (
+                "SEAWALL_ADMIN_TOKENS",
+                "grafana:read:grafana-secret, ops:write:ops-secret".to_owned(),
+            ),
             // The default filter, as a process started without SEAWALL_LOG.
             ("SEAWALL_LOG", String::new()),
         ],
@@ -58,13 +62,71 @@ async fn an_admin_action_is_audited_at_the_default_log_level() {
         .await
         .unwrap();
     assert_eq!(deleted.status(), 204);
-    wait_until("the audit line", Duration::from_secs(10), || async {
-        api.log_text().contains("admin action")
+    // A read-only token reads, and is refused a change (403, nothing
+    // changed, nothing audited); another named token changes, and the trail
+    // names it.
+    let second = dead_letter::Entity::insert(dead("ledger", Some("audited-2")))
+        .exec(&t.db)
+        .await
+        .unwrap()
+        .last_insert_id;
+    let call = |method: reqwest::Method, path: String, token: &'static str| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let resp = http
+                .request(method, format!("{base}{path}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap())
+        }
+    };
+    assert_eq!(
+        call(
+            reqwest::Method::GET,
+            "/api/v1/stats".into(),
+            "grafana-secret"
+        )
+        .await
+        .0,
+        200
+    );
+    let (status, body) = call(
+        reqwest::Method::DELETE,
+        format!("/api/v1/dead-letters/{second}"),
+        "grafana-secret",
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    assert!(
+        dead_letter::Entity::find_by_id(second)
+            .one(&t.db)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        call(
+            reqwest::Method::DELETE,
+            format!("/api/v1/dead-letters/{second}"),
+            "ops-secret"
+        )
+        .await
+        .0,
+        204
+    );
+    wait_until("the audit lines", Duration::from_secs(10), || async {
+        api.log_text().matches("admin action").count() >= 2
     })
     .await;
     let log = api.log_text();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("admin action")).collect();
-    assert_eq!(lines.len(), 1, "only the delete is audited:\n{log}");
+    assert_eq!(lines.len(), 2, "only the deletes are audited:\n{log}");
+    assert!(lines[1].contains("token ops"), "{}", lines[1]);
     let line = lines[0];
     let action = format!("DELETE /api/v1/dead-letters/{id}");
     for needle in [
@@ -72,7 +134,7 @@ async fn an_admin_action_is_audited_at_the_default_log_level() {
         "rows=1",
         "status=204",
         "client=127.0.0.1:",
-        "admin token",
+        "token admin",
     ] {
         assert!(line.contains(needle), "{needle} missing in {line}");
     }
@@ -81,4 +143,23 @@ async fn an_admin_action_is_audited_at_the_default_log_level() {
         "colour codes in a log file:\n{log}"
     );
     api.assert_no_panic();
+}
+
+#[test]
+fn a_malformed_token_list_stops_startup_naming_the_key() {
+    for tokens in [
+        "ops",
+        "ops:admin:secret",
+        "a:read:same,b:write:same",
+        "a:read:",
+    ] {
+        let out = crate::support::seawall_output(
+            &["migrate"],
+            &[
+                ("SEAWALL_DATABASE_URL", "sqlite::memory:"),
+                ("SEAWALL_ADMIN_TOKENS", tokens),
+            ],
+        );
+        crate::support::fails_naming(&out, "admin_tokens");
+    }
 }

@@ -50,7 +50,7 @@ impl TestApi {
             stats: Default::default(),
             checks: Vec::new(),
             config: Arc::new(api::ApiConfig {
-                token: token.map(Into::into),
+                tokens: token.map(api::auth::Token::admin).into_iter().collect(),
                 prune: Some(service::retention::PruneConfig {
                     inbox: Some(std::time::Duration::from_secs(3600)),
                     outbox: std::time::Duration::from_secs(3600),
