@@ -287,6 +287,23 @@ pub async fn run(pg: &mut PgServer, recent: u64, history: u64, requests: usize) 
                 .with("max_ms", quantile(&samples, 1.0)),
         );
     }
+    // What one reading of the stats costs the database: the API shares it
+    // for `stats_max_age` (5 s), so this is paid once per window however
+    // many callers ask, and the rows above are the answers as served.
+    let mut readings = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        let started = Instant::now();
+        service::stats::stats(&db, chrono::Utc::now(), None).await?;
+        readings.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    eprintln!("  stats reading: p95 {:.1} ms", quantile(&readings, 0.95));
+    report.row(
+        "stats reading (the queries behind /api/v1/stats and /metrics, once per 5 s)",
+        Figures::new()
+            .with("p50_ms", quantile(&readings, 0.5))
+            .with("p95_ms", quantile(&readings, 0.95))
+            .with("max_ms", quantile(&readings, 1.0)),
+    );
     let refresh = refresh_cost(&http, &base, requests).await?;
     eprintln!(
         "  dashboard refresh: p95 {:.1} ms, {:.1} ms CPU",
