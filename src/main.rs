@@ -51,36 +51,60 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Exit 0 when a probe URL answers 2xx within 3 s, 1 otherwise: the
+    /// Exit 0 when a probe answers 2xx within 3 s, 1 otherwise: the
     /// container image's health check, which has no HTTP client of its own.
+    /// Without a URL it asks `/healthz` on this process's probe listener
+    /// (`metrics_addr`) and on its API listener (`api_addr`): a `relay` or
+    /// `consume` answers on the one, `run` and `api` on the other.
     Healthcheck {
         /// The probe to ask.
-        #[arg(default_value = "http://127.0.0.1:9464/healthz")]
-        url: String,
+        url: Option<String>,
     },
     /// The domain's own commands (`src/domain/`).
     #[command(flatten)]
     Domain(domain::Commands),
 }
 
-/// GETs `url`; an error unless it answers 2xx within 3 s.
-async fn healthcheck(url: &str) -> Result<()> {
+/// The `/healthz` of this process's own listeners, asked over loopback
+/// when they listen on every address.
+fn local_probes(settings: &config::Settings) -> Vec<String> {
+    let local = |addr: std::net::SocketAddr| {
+        let ip = if addr.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            addr.ip()
+        };
+        format!(
+            "http://{}/healthz",
+            std::net::SocketAddr::new(ip, addr.port())
+        )
+    };
+    settings
+        .metrics_addr()
+        .into_iter()
+        .chain([settings.api_addr])
+        .map(local)
+        .collect()
+}
+
+/// GETs each of `urls`; an error unless one answers 2xx within 3 s.
+async fn healthcheck(urls: &[String]) -> Result<()> {
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(3))
         .build()
         .context("building the HTTP client")?;
-    let response = client
-        .get(url)
-        .send()
-        .await
-        .with_context(|| format!("asking {url}"))?;
-    anyhow::ensure!(
-        response.status().is_success(),
-        "{url} answered {}",
-        response.status()
-    );
-    println!("{url}: {}", response.status());
-    Ok(())
+    let mut failures = Vec::new();
+    for url in urls {
+        match client.get(url).send().await {
+            Ok(response) if response.status().is_success() => {
+                println!("{url}: {}", response.status());
+                return Ok(());
+            }
+            Ok(response) => failures.push(format!("{url} answered {}", response.status())),
+            Err(err) => failures.push(format!("{url}: {err}")),
+        }
+    }
+    anyhow::bail!("no probe answered: {}", failures.join("; "))
 }
 
 #[tokio::main]
@@ -91,9 +115,6 @@ async fn main() -> ExitCode {
 async fn run() -> Result<()> {
     let _telemetry = seawall::app::init()?;
     let cli = Cli::parse();
-    if let Command::Healthcheck { url } = &cli.command {
-        return healthcheck(url).await;
-    }
     let loaded = config::load::<domain::Settings>(cli.config.as_deref())?;
     let settings = &loaded.settings;
     match cli.command {
@@ -121,8 +142,13 @@ async fn run() -> Result<()> {
         Command::Consume => serve(settings, Roles::CONSUME, domain::domain(&loaded)?).await?,
         Command::Api => serve(settings, Roles::API, domain::domain(&loaded)?).await?,
         Command::Domain(command) => domain::run(command, &loaded).await?,
-        // Answered before the settings are read.
-        Command::Healthcheck { .. } => {}
+        Command::Healthcheck { url } => {
+            let urls = match url {
+                Some(url) => vec![url],
+                None => local_probes(settings),
+            };
+            healthcheck(&urls).await?;
+        }
         Command::Prune { dry_run } => {
             let retention = settings.retention()?;
             let db = connect_db(&settings.database_url, 2).await?;

@@ -73,17 +73,19 @@ fn exporting() -> Result<bool, TelemetryError> {
     {
         return Ok(false);
     }
-    for key in [
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    // The traces' own variable overrides the general one.
+    let protocol = [
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-    ] {
-        if let Some(protocol) = var(key).filter(|p| p.trim() != "http/protobuf") {
-            return Err(TelemetryError::Unsupported {
-                key,
-                value: protocol,
-                supported: "`http/protobuf` (OTLP over HTTP, usually port 4318)",
-            });
-        }
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ]
+    .into_iter()
+    .find_map(|key| var(key).map(|value| (key, value)));
+    if let Some((key, value)) = protocol.filter(|(_, p)| p.trim() != "http/protobuf") {
+        return Err(TelemetryError::Unsupported {
+            key,
+            value,
+            supported: "`http/protobuf` (OTLP over HTTP, usually port 4318)",
+        });
     }
     Ok(true)
 }
@@ -99,16 +101,37 @@ fn process_attributes() -> Vec<opentelemetry::KeyValue> {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty());
-    let role = std::env::args()
-        .skip(1)
-        .find(|arg| !arg.starts_with('-'))
-        .unwrap_or_else(|| "none".to_owned());
+    // The first word that is neither an option nor the value of one
+    // (`--config FILE` is the only option taking a value before the command).
+    let mut args = std::env::args().skip(1);
+    let mut role = "none".to_owned();
+    while let Some(arg) = args.next() {
+        if arg == "--config" {
+            args.next();
+        } else if !arg.starts_with('-') {
+            role = arg;
+            break;
+        }
+    }
+    // What OTEL_RESOURCE_ATTRIBUTES sets (a pod name from the downward API
+    // as the instance id, say) wins over the defaults here.
+    let given = std::env::var("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default();
+    let set = |key: &str| {
+        given
+            .split(',')
+            .any(|pair| pair.split('=').next().map(str::trim) == Some(key))
+    };
     let mut attributes = vec![
-        KeyValue::new("service.instance.id", uuid::Uuid::new_v4().to_string()),
         KeyValue::new("process.pid", i64::from(std::process::id())),
         KeyValue::new("seawall.role", role),
     ];
-    if let Some(host) = host {
+    if !set("service.instance.id") {
+        attributes.push(KeyValue::new(
+            "service.instance.id",
+            uuid::Uuid::new_v4().to_string(),
+        ));
+    }
+    if let Some(host) = host.filter(|_| !set("host.name")) {
         attributes.push(KeyValue::new("host.name", host));
     }
     attributes

@@ -39,17 +39,23 @@ pub async fn healthz() -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses((status = 200, body = Health), (status = 503, body = ErrorBody)))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let mut problems = problems_of_database(&state.db).await;
-    if let Some(reads) = &state.reads
-        && !problems.is_empty()
-    {
-        let replica = problems_of_database(reads).await;
-        if replica.is_empty() {
-            problems.clear();
-        } else {
-            problems.extend(replica.into_iter().map(|p| format!("replica: {p}")));
+    let mut problems = match &state.reads {
+        None => problems_of_database(&state.db).await,
+        // Both at once: a primary that hangs must not keep the replica's
+        // answer waiting past the probe's timeout.
+        Some(reads) => {
+            let (primary, replica) =
+                tokio::join!(problems_of_database(&state.db), problems_of_database(reads));
+            if primary.is_empty() || replica.is_empty() {
+                Vec::new()
+            } else {
+                primary
+                    .into_iter()
+                    .chain(replica.into_iter().map(|p| format!("replica: {p}")))
+                    .collect()
+            }
         }
-    }
+    };
     problems.extend(problem_of_broker(state.nats.as_ref()));
     problems.extend(state.checks.iter().filter_map(|check| check()));
     answer(problems)
@@ -73,8 +79,24 @@ fn problem_of_broker(nats: Option<&async_nats::Client>) -> Option<String> {
         .map(|_| "NATS not connected".to_owned())
 }
 
-/// The database unreachable, or behind on migrations.
+/// How long the database checks of one `/readyz` may take: a database
+/// that hangs is not ready, and the answer must come within a probe's
+/// timeout (Kubernetes' default is 1 s; the manifests give 3 s).
+const DATABASE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The database unreachable (or not answering within
+/// [`DATABASE_CHECK_TIMEOUT`]), or behind on migrations.
 async fn problems_of_database(db: &DatabaseConnection) -> Vec<String> {
+    tokio::time::timeout(DATABASE_CHECK_TIMEOUT, checks_of_database(db))
+        .await
+        .unwrap_or_else(|_| {
+            vec![format!(
+                "database did not answer within {DATABASE_CHECK_TIMEOUT:?}"
+            )]
+        })
+}
+
+async fn checks_of_database(db: &DatabaseConnection) -> Vec<String> {
     let mut problems = Vec::new();
     if let Err(err) = db.ping().await {
         tracing::warn!(error = %err, "readiness: database unreachable");

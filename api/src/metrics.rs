@@ -251,6 +251,14 @@ fn table_gauges(observed: &crate::stats::Observed, consumers: &[&str]) -> String
             out.sample(&[], lag);
         }
     }
+    out.family(
+        "seawall_consumer_backlog_known",
+        "1 when JetStream described the consumer at the last reading; 0 when it could not (the broker unreachable, the consumer not created yet): its backlog gauges are then left out",
+    );
+    for consumer in consumers {
+        let known = snapshot.consumers.iter().any(|b| b.consumer == *consumer);
+        out.sample(&[("consumer", consumer)], if known { 1.0 } else { 0.0 });
+    }
     if !snapshot.consumers.is_empty() {
         for (name, help, value) in [
             (

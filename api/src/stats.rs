@@ -223,9 +223,17 @@ pub async fn get_stats(State(state): State<AppState>) -> Result<Json<Stats>, Api
     Ok(Json(body))
 }
 
-/// How long a question to NATS about one consumer's backlog may take: the
-/// stats answer without it rather than wait for a slow broker.
+/// How long the questions to NATS about the consumers' backlogs may take
+/// together: the stats answer without them rather than wait for a slow
+/// broker.
 const BACKLOG_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long one reading may take in all. A database that hangs (a lock, a
+/// black-holed failover) must not hold every scrape until the request
+/// timeout: the scrape would fail as a whole, counters included, and
+/// `seawall_stats_up 0` would never be seen. A reading cut off here counts
+/// as failed and is shared like one.
+const READING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One reading of everything the stats page and the table gauges show.
 #[derive(Debug)]
@@ -282,7 +290,12 @@ impl Cache {
         if let Some(reading) = last.as_ref().filter(|r| r.taken.elapsed() < max_age) {
             return (reading.result.clone(), reading.last_success);
         }
-        let result = refresh(state).await.map(Arc::new);
+        let result = match tokio::time::timeout(READING_TIMEOUT, refresh(state)).await {
+            Ok(result) => result.map(Arc::new),
+            Err(_) => Err(DbErr::Custom(format!(
+                "the stats reading took longer than {READING_TIMEOUT:?}"
+            ))),
+        };
         let last_success = match &result {
             Ok(snapshot) => Some(snapshot.stats.generated_at),
             Err(err) => {
@@ -359,23 +372,29 @@ async fn consumer_backlogs(state: &AppState) -> Vec<ConsumerBacklog> {
     };
     let mut names: Vec<&String> = state.config.replay_subjects.keys().collect();
     names.sort_unstable();
-    let mut backlogs = Vec::with_capacity(names.len());
-    for name in names {
-        match tokio::time::timeout(BACKLOG_TIMEOUT, stream.consumer_info(name)).await {
-            Ok(Ok(info)) => backlogs.push(ConsumerBacklog {
-                consumer: name.clone(),
-                pending: info.num_pending,
-                ack_pending: info.num_ack_pending as u64,
-                redelivered: info.num_redelivered as u64,
-            }),
-            Ok(Err(err)) => {
-                tracing::debug!(consumer = %name, error = %err, "stats: no JetStream backlog for this consumer");
-            }
-            Err(_) => {
-                tracing::warn!(consumer = %name, "stats: NATS did not describe the consumer in time");
+    let asked = futures::future::join_all(names.iter().map(|name| {
+        let stream = &stream;
+        async move {
+            match tokio::time::timeout(BACKLOG_TIMEOUT, stream.consumer_info(name.as_str())).await {
+                Ok(Ok(info)) => Some(ConsumerBacklog {
+                    consumer: (*name).clone(),
+                    pending: info.num_pending,
+                    ack_pending: info.num_ack_pending as u64,
+                    redelivered: info.num_redelivered as u64,
+                }),
+                Ok(Err(err)) => {
+                    tracing::debug!(consumer = %name, error = %err, "stats: no JetStream backlog for this consumer");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(consumer = %name, "stats: NATS did not describe the consumer in time");
+                    None
+                }
             }
         }
-    }
+    }))
+    .await;
+    let backlogs: Vec<ConsumerBacklog> = asked.into_iter().flatten().collect();
     backlogs
 }
 

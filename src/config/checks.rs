@@ -96,6 +96,12 @@ impl Settings {
         if matches!(&self.admin_token, Some(t) if t.trim().is_empty()) {
             return Err(invalid("admin_token", "must not be empty when set"));
         }
+        if matches!(&self.admin_token, Some(t) if t.trim().eq_ignore_ascii_case(PLACEHOLDER)) {
+            return Err(invalid(
+                "admin_token",
+                "is still the manifests' placeholder CHANGE-ME; set a secret of your own",
+            ));
+        }
         self.api_tokens()?;
         self.check_outbox_mode(scheme)?;
         self.check_files()?;
@@ -210,3 +216,7 @@ impl Settings {
         Ok(())
     }
 }
+
+/// The placeholder secret of the shipped manifests (`deploy/k8s/`): a
+/// deployment applied unedited must not run with a token everyone knows.
+pub(crate) const PLACEHOLDER: &str = "CHANGE-ME";

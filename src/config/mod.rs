@@ -267,7 +267,16 @@ impl Settings {
                     ));
                 }
             };
-            if name.is_empty() || secret.trim().is_empty() {
+            // HTTP drops the spaces around a header's value: a secret kept
+            // with them would never match.
+            let (name, secret) = (name.trim(), secret.trim());
+            if secret.eq_ignore_ascii_case(checks::PLACEHOLDER) {
+                return Err(invalid(
+                    "admin_tokens",
+                    format!("{name:?} still has the placeholder secret CHANGE-ME"),
+                ));
+            }
+            if name.is_empty() || secret.is_empty() {
                 return Err(invalid(
                     "admin_tokens",
                     format!("entry {} needs a name and a secret", i + 1),

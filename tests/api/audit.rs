@@ -152,6 +152,7 @@ fn a_malformed_token_list_stops_startup_naming_the_key() {
         "ops:admin:secret",
         "a:read:same,b:write:same",
         "a:read:",
+        "a:read:CHANGE-ME",
     ] {
         let out = crate::support::seawall_output(
             &["migrate"],
@@ -162,4 +163,16 @@ fn a_malformed_token_list_stops_startup_naming_the_key() {
         );
         crate::support::fails_naming(&out, "admin_tokens");
     }
+}
+
+#[test]
+fn the_manifests_placeholder_token_stops_startup() {
+    let out = crate::support::seawall_output(
+        &["migrate"],
+        &[
+            ("SEAWALL_DATABASE_URL", "sqlite::memory:"),
+            ("SEAWALL_ADMIN_TOKEN", "CHANGE-ME"),
+        ],
+    );
+    crate::support::fails_naming(&out, "admin_token");
 }

@@ -488,3 +488,39 @@ async fn an_api_without_a_token_refuses_to_listen_beyond_loopback() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SEAWALL_ADMIN_TOKEN"));
 }
+
+/// A database that hangs (a lock held on a table the stats read) does not
+/// hang `/metrics`: the reading gives up after 5 s, the scrape answers with
+/// `seawall_stats_up 0` and without the table gauges, well inside the
+/// request timeout (10 s, after which it would be a 408 and no scrape at
+/// all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_answer_with_stats_down_while_a_table_is_locked() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let api = TestApi::start(Backend::Postgres).await;
+    let holder = api.t.db.begin().await.unwrap();
+    holder
+        .execute_unprepared("LOCK TABLE dead_letter IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let resp = crate::support::http_client()
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\nseawall_stats_up 0\n"), "{text}");
+    assert!(!text.contains("\nseawall_outbox_rows{"), "{text}");
+    holder.rollback().await.unwrap();
+    let text = crate::support::http_client()
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("\nseawall_stats_up 1\n"), "{text}");
+}
