@@ -405,9 +405,23 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
     )
     .await;
     assert!(prom.active().await.len() == 1, "{:?}", prom.alerts().await);
-    // ...and the WAL relay too: no relay at all.
+    // ...and the WAL relay too: no relay at all, and an event written ten
+    // minutes ago (as one would be after a long relay outage) still waits:
+    // SeawallOutboxBacklogOld joins. Its runbook, like SeawallRelayDown's:
+    // a relay again; the event is then published.
     wal_relay.kill9().await;
+    let mut stale = crate::support::rows::event(
+        "prom-stale".into(),
+        chrono::Utc::now() - chrono::Duration::minutes(10),
+    );
+    // Publishable from now (as if retried): its relay lag is not ten minutes.
+    stale.next_attempt_at = Set(chrono::Utc::now());
+    outbox_message::Entity::insert(stale)
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
     prom.expect_firing(&[
+        "SeawallOutboxBacklogOld",
         "SeawallProcessDown",
         "SeawallRelayDown",
         "SeawallWalSlotUnread",
@@ -419,6 +433,7 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
     ];
     wal_relay = spawn("relay", &wal_env, ("SEAWALL_METRICS_ADDR", ports[6]));
     prom.expect_quiet().await;
+    assert_eq!(worker::relay::pending_count(&t.db).await.unwrap(), 0);
 
     // 5. The API cannot read the tables: SeawallStatsUnavailable, and the
     // table gauges are absent rather than frozen. The runbook: the API's

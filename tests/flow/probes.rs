@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use sea_orm::EntityTrait;
+
 use crate::helpers::{env, publish_entries, req, with_ledger_stream};
 use crate::support::process::Seawall;
 use crate::support::proxy::{Proxy, upstream_of};
@@ -91,7 +93,7 @@ async fn probes_of_a_consuming_process(role: &str, listen_key: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_relay_process_serves_its_metrics() {
+async fn a_relay_process_serves_its_metrics_and_its_lag_counts_from_a_retry() {
     let (t, nats, _js) = with_ledger_stream(Backend::Sqlite).await;
     let base = format!("http://127.0.0.1:{}", free_port());
     let relay = Seawall::spawn(
@@ -113,6 +115,53 @@ async fn a_relay_process_serves_its_metrics() {
     )
     .await;
     assert_eq!(get(&format!("{base}/readyz")).await.unwrap().0, 200);
+
+    // An event that died three days ago, retried by an operator now: the
+    // relay's lag counts from the retry, so neither the histogram nor the
+    // stats read days.
+    let mut old = crate::support::rows::event(
+        "lag-old-dead".into(),
+        chrono::Utc::now() - chrono::Duration::days(3),
+    );
+    old.dead_at = sea_orm::Set(Some(chrono::Utc::now() - chrono::Duration::days(3)));
+    old.attempts = sea_orm::Set(10);
+    entity::outbox_message::Entity::insert(old)
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    let retried = service::outbox::Outbox::retry(
+        &t.db,
+        &service::admin::OutboxFilter {
+            message_id: Some("lag-old-dead".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(retried, 1);
+    wait_until(
+        "the retried row published",
+        Duration::from_secs(30),
+        || async { worker::relay::pending_count(&t.db).await.unwrap() == 0 },
+    )
+    .await;
+    let sample = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    wait_until("the lag recorded", Duration::from_secs(30), || async {
+        let text = get(&format!("{base}/metrics")).await.unwrap_or_default().1;
+        sample(&text, "seawall_relay_lag_seconds_count") == Some(1.0)
+    })
+    .await;
+    let text = get(&format!("{base}/metrics")).await.unwrap().1;
+    let lag = sample(&text, "seawall_relay_lag_seconds_sum").unwrap();
+    assert!(lag < 60.0, "relay lag of a retried row: {lag} s");
+    let stats = service::stats::stats(&t.db, chrono::Utc::now(), None)
+        .await
+        .unwrap();
+    let mean_ms = stats.relay_lag_ms.unwrap();
+    assert!(mean_ms < 60_000.0, "stats relay lag: {mean_ms} ms");
     relay.assert_no_panic();
 }
 
