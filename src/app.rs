@@ -132,9 +132,17 @@ impl Application {
         let js = jetstream::new(client.clone());
         if roles.workers() {
             let relay = settings.relay();
-            worker::ensure_stream(&js, &domain.stream).await?;
-            worker::check_duplicate_window(&js, &domain.stream.name, relay.lease, relay.retry_max)
-                .await?;
+            wait_out_broker(|| async {
+                worker::ensure_stream(&js, &domain.stream).await?;
+                worker::check_duplicate_window(
+                    &js,
+                    &domain.stream.name,
+                    relay.lease,
+                    relay.retry_max,
+                )
+                .await
+            })
+            .await?;
         }
         let wal = settings.outbox_mode == service::OutboxMode::Wal;
         // Events written before the slot exists would never reach it, so
@@ -460,6 +468,83 @@ pub async fn connect_db_waiting(
     .await
 }
 
+/// Runs the stream set-up `step` until JetStream answers it, for up to
+/// [`START_UP_DATABASE_WAIT`]: a process (re)started while a NATS node is
+/// down or a stream leader is being elected meets timeouts and "no
+/// responders" for some seconds, and exiting into its supervisor's restart
+/// loop then would only start it again into the same wait. An answer that
+/// refuses the stream (a bad configuration) stops start-up at once.
+///
+/// # Errors
+/// The step's error when JetStream refused, or still could not answer when
+/// the wait ran out.
+async fn wait_out_broker<T, F, Fut>(step: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, worker::StreamError>>,
+{
+    retry_at_start_up(
+        "setting up the stream",
+        "JetStream cannot answer yet",
+        worker::StreamError::is_unavailable,
+        step,
+    )
+    .await
+    .map_err(|(err, gave_up)| {
+        let err = anyhow::Error::new(err);
+        if gave_up {
+            err.context(format!(
+                "JetStream still could not answer after {} s",
+                START_UP_DATABASE_WAIT.as_secs()
+            ))
+        } else {
+            err
+        }
+    })
+}
+
+/// Runs `step` until it succeeds or fails with an error `waitable` does not
+/// accept, retrying with backoff (0.2 s doubling to 5 s, each attempt's
+/// error logged) until [`START_UP_DATABASE_WAIT`] has passed. The deadline
+/// decides only whether another attempt starts; a running attempt is never
+/// cut off. The error comes back with whether the wait ran out.
+async fn retry_at_start_up<T, E, F, Fut>(
+    what: &str,
+    waiting: &str,
+    waitable: impl Fn(&E) -> bool,
+    mut step: F,
+) -> Result<T, (E, bool)>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
+    let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let mut failures = 0;
+    loop {
+        let err = match step().await {
+            Ok(done) => return Ok(done),
+            Err(err) if waitable(&err) => err,
+            Err(err) => return Err((err, false)),
+        };
+        failures += 1;
+        let pause = backoff
+            .delay(failures)
+            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        if pause.is_zero() {
+            return Err((err, true));
+        }
+        tracing::warn!(
+            error = %err,
+            attempt = failures,
+            step = what,
+            "{waiting}; waiting for it before starting"
+        );
+        tokio::time::sleep(pause).await;
+    }
+}
+
 /// Runs a start-up step against the database (connecting, applying
 /// migrations), retrying it while the database cannot do it yet.
 ///
@@ -481,47 +566,31 @@ pub async fn connect_db_waiting(
 /// # Errors
 /// The step failing for a reason of its own, or the database still unable
 /// to do it after the wait; either names `what`.
-pub async fn wait_out_database<T, F, Fut>(what: &str, mut step: F) -> Result<T>
+pub async fn wait_out_database<T, F, Fut>(what: &str, step: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, sea_orm::DbErr>>,
 {
     use service::classify::{Failure, classify};
-    let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
-    let gave_up = || {
-        format!(
-            "{what}: the database still could not do it after {} s",
-            START_UP_DATABASE_WAIT.as_secs()
+    let waitable = |err: &sea_orm::DbErr| {
+        matches!(
+            classify(err),
+            Failure::Transient { .. } | Failure::Resource { .. }
         )
     };
-    let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-    let mut failures = 0;
-    loop {
-        let err = match step().await {
-            Ok(done) => return Ok(done),
-            Err(err) => err,
-        };
-        if !matches!(
-            classify(&err),
-            Failure::Transient { .. } | Failure::Resource { .. }
-        ) {
-            return Err(err).context(what.to_owned());
-        }
-        failures += 1;
-        let pause = backoff
-            .delay(failures)
-            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        if pause.is_zero() {
-            return Err(err).with_context(gave_up);
-        }
-        tracing::warn!(
-            error = %err,
-            attempt = failures,
-            step = what,
-            "the database cannot do this yet; waiting for it before starting"
-        );
-        tokio::time::sleep(pause).await;
-    }
+    retry_at_start_up(what, "the database cannot do this yet", waitable, step)
+        .await
+        .map_err(|(err, gave_up)| {
+            let context = if gave_up {
+                format!(
+                    "{what}: the database still could not do it after {} s",
+                    START_UP_DATABASE_WAIT.as_secs()
+                )
+            } else {
+                what.to_owned()
+            };
+            anyhow::Error::new(err).context(context)
+        })
 }
 
 /// Opens the admin API's read replica pool. Lazily: a replica that is down

@@ -184,3 +184,61 @@ async fn a_taken_metrics_port_stops_startup_naming_the_key() {
         relay.log_text()
     );
 }
+
+/// A `consume` process started while JetStream cannot answer (here a NATS
+/// server without JetStream; in production a node stopped or a stream
+/// leader being elected) waits for it instead of exiting, and is ready once
+/// JetStream answers on the same address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_started_while_jetstream_cannot_answer_waits_for_it() {
+    let t = crate::support::TestDb::new(Backend::Sqlite).await;
+    let port = free_port();
+    let store = tempfile::tempdir().unwrap();
+    let nats = |jetstream: bool| {
+        let mut cmd =
+            std::process::Command::new(crate::support::server_url("SEAWALL_TEST_NATS_SERVER"));
+        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        if jetstream {
+            cmd.arg("-js").arg("-sd").arg(store.path());
+        }
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut plain = nats(false);
+    wait_until("nats-server listening", Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let base = format!("http://127.0.0.1:{}", free_port());
+    let consume = Seawall::spawn(
+        &["consume"],
+        &env(
+            &t.url,
+            &format!("nats://127.0.0.1:{port}"),
+            &[("SEAWALL_METRICS_ADDR", base.trim_start_matches("http://"))],
+        ),
+    );
+    wait_until(
+        "the wait for JetStream logged",
+        Duration::from_secs(30),
+        || async { consume.log_text().contains("JetStream cannot answer yet") },
+    )
+    .await;
+    let _ = plain.kill();
+    let _ = plain.wait();
+    let mut with_jetstream = nats(true);
+    wait_until(
+        "ready once JetStream answers",
+        Duration::from_secs(60),
+        || async { get(&format!("{base}/readyz")).await.map(|r| r.0) == Some(200) },
+    )
+    .await;
+    consume.assert_no_panic();
+    drop(consume);
+    let _ = with_jetstream.kill();
+    let _ = with_jetstream.wait();
+}

@@ -28,4 +28,4 @@ pub use drain::drain;
 pub use fault::FaultPoint;
 pub use relay::{Relay, RelayConfig, RelayReport};
 pub use server_errors::ServerErrors;
-pub use streams::{StreamSpec, check_duplicate_window, ensure_stream};
+pub use streams::{StreamError, StreamSpec, check_duplicate_window, ensure_stream};

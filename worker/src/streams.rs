@@ -59,6 +59,43 @@ impl StreamError {
             source: source.into(),
         }
     }
+
+    /// Whether JetStream could not answer now (a request timed out, no
+    /// server responded, JetStream unavailable: a node stopped, a stream
+    /// leader being elected), as opposed to an answer refusing the stream.
+    /// Start-up waits the first out and stops at the second.
+    pub fn is_unavailable(&self) -> bool {
+        use async_nats::jetstream::context::{
+            CreateStreamError, CreateStreamErrorKind, GetStreamError, GetStreamErrorKind,
+            RequestError, RequestErrorKind,
+        };
+        let Self::Provision { source, .. } = self else {
+            return false;
+        };
+        if let Some(err) = source.downcast_ref::<CreateStreamError>() {
+            return match err.kind() {
+                CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable => {
+                    true
+                }
+                CreateStreamErrorKind::JetStream(err) => err.code() == 503,
+                _ => false,
+            };
+        }
+        if let Some(err) = source.downcast_ref::<GetStreamError>() {
+            return match err.kind() {
+                GetStreamErrorKind::Request => true,
+                GetStreamErrorKind::JetStream(err) => err.code() == 503,
+                _ => false,
+            };
+        }
+        if let Some(err) = source.downcast_ref::<RequestError>() {
+            return matches!(
+                err.kind(),
+                RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
+            );
+        }
+        false
+    }
 }
 
 /// Creates the stream or updates it to `spec`, idempotently. The stream also
