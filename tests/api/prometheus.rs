@@ -369,6 +369,42 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
     .await;
     prom.expect_quiet().await;
 
+    // 2b. Only failures for a while: SeawallConsumerFailureRatioHigh as
+    // well. Its runbook: the failures are in the dead letters (and the
+    // consumer's logs); fix the cause, replay or delete them.
+    for i in 0..5 {
+        publish(&js, &format!("prom-unusable-{i}"), b"not json either").await;
+    }
+    prom.expect_firing(&[
+        "SeawallConsumerFailureRatioHigh",
+        "SeawallDeadLettersGrowing",
+        "SeawallDeadLettersOpen",
+    ])
+    .await;
+    let letters = admin(
+        reqwest::Method::GET,
+        &base,
+        "/api/v1/dead-letters?replayed=false",
+    )
+    .await;
+    let items = letters["items"].as_array().unwrap();
+    assert_eq!(items.len(), 5, "{letters}");
+    for letter in items {
+        assert!(
+            letter["error"]
+                .as_str()
+                .is_some_and(|r| r.contains("malformed")),
+            "{letter}"
+        );
+        admin(
+            reqwest::Method::DELETE,
+            &base,
+            &format!("/api/v1/dead-letters/{}", letter["id"]),
+        )
+        .await;
+    }
+    prom.expect_quiet().await;
+
     // 3. Messages wait and no consumer settles any (a lock holds every
     // handler): SeawallConsumerStalled, though every process is up. The
     // runbook: the consumers' /readyz and logs, then the database's
