@@ -25,6 +25,11 @@ use worker::{Consumer, Relay, RelayConfig, StreamSpec, maintenance};
 
 use crate::config::Settings;
 
+mod startup;
+
+use startup::wait_out_broker;
+pub use startup::{connect_db_waiting, wait_out_database};
+
 /// Which loops a process runs: `seawall run` has all three, `relay`,
 /// `consume` and `api` one each, so each can be scaled on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,162 +440,6 @@ fn connecting_to(url: &str) -> String {
         "connecting to the database at {}",
         crate::config::redact(url)
     )
-}
-
-/// How long a starting process waits for a database that is down or
-/// changing hands: well past a failover (about 15 s with the reference
-/// cluster's settings), short enough that a wrong address is reported
-/// within a minute.
-const START_UP_DATABASE_WAIT: Duration = Duration::from_secs(60);
-
-/// [`connect_db`] for a long-running process, waiting out an outage.
-///
-/// A process restarted during a failover meets a proxy with no server
-/// behind it, which accepts connections and closes them. Exiting then
-/// would turn a 15 s failover into a supervisor's restart loop with
-/// growing pauses, so the connection is tried as [`wait_out_database`]
-/// tells: an outage (a refused, closed or unanswered connection, and also
-/// what cannot be told from one, such as a host name that does not resolve
-/// yet or a TLS handshake that fails) or a server short of a resource is
-/// retried; any other error (a bad password, an unknown database) stops
-/// start-up at once.
-///
-/// # Errors
-/// The database answers with an error, or is still unreachable after the wait.
-pub async fn connect_db_waiting(
-    url: &str,
-    max: u32,
-    sqlite: service::db::SqliteOptions,
-) -> Result<DatabaseConnection> {
-    wait_out_database(&connecting_to(url), || {
-        service::db::connect_with(url, max, sqlite)
-    })
-    .await
-}
-
-/// Runs the stream set-up `step` until JetStream answers it, for up to
-/// [`START_UP_DATABASE_WAIT`]: a process (re)started while a NATS node is
-/// down or a stream leader is being elected meets timeouts and "no
-/// responders" for some seconds, and exiting into its supervisor's restart
-/// loop then would only start it again into the same wait. An answer that
-/// refuses the stream (a bad configuration) stops start-up at once.
-///
-/// # Errors
-/// The step's error when JetStream refused, or still could not answer when
-/// the wait ran out.
-async fn wait_out_broker<T, F, Fut>(step: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, worker::StreamError>>,
-{
-    retry_at_start_up(
-        "setting up the stream",
-        "JetStream cannot answer yet",
-        worker::StreamError::is_unavailable,
-        step,
-    )
-    .await
-    .map_err(|(err, gave_up)| {
-        let err = anyhow::Error::new(err);
-        if gave_up {
-            err.context(format!(
-                "JetStream still could not answer after {} s",
-                START_UP_DATABASE_WAIT.as_secs()
-            ))
-        } else {
-            err
-        }
-    })
-}
-
-/// Runs `step` until it succeeds or fails with an error `waitable` does not
-/// accept, retrying with backoff (0.2 s doubling to 5 s, each attempt's
-/// error logged) until [`START_UP_DATABASE_WAIT`] has passed. The deadline
-/// decides only whether another attempt starts; a running attempt is never
-/// cut off. The error comes back with whether the wait ran out.
-async fn retry_at_start_up<T, E, F, Fut>(
-    what: &str,
-    waiting: &str,
-    waitable: impl Fn(&E) -> bool,
-    mut step: F,
-) -> Result<T, (E, bool)>
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
-    let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-    let mut failures = 0;
-    loop {
-        let err = match step().await {
-            Ok(done) => return Ok(done),
-            Err(err) if waitable(&err) => err,
-            Err(err) => return Err((err, false)),
-        };
-        failures += 1;
-        let pause = backoff
-            .delay(failures)
-            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        if pause.is_zero() {
-            return Err((err, true));
-        }
-        tracing::warn!(
-            error = %err,
-            attempt = failures,
-            step = what,
-            "{waiting}; waiting for it before starting"
-        );
-        tokio::time::sleep(pause).await;
-    }
-}
-
-/// Runs a start-up step against the database (connecting, applying
-/// migrations), retrying it while the database cannot do it yet.
-///
-/// A process restarted by its supervisor during a failover, a read-only
-/// window (a disk filling up, an operator's `default_transaction_read_only`)
-/// or a lock storm would otherwise exit at its first statement and be
-/// restarted again and again with growing pauses, coming back long after
-/// the database has. So an error that is the database's (an outage, a
-/// resource failure, or a transient one such as a deadlock or a busy SQLite
-/// file: [`service::classify::Failure::Transient`] and `Resource`) is
-/// logged and the step retried with backoff until [`START_UP_DATABASE_WAIT`]
-/// has passed; an error of the request itself (a bad password, a migration
-/// that does not apply) stops start-up at once. The deadline decides only
-/// whether another attempt starts: an attempt that is running (a migration
-/// rewriting a large table) is never cut off, since a migration dropped
-/// half-way would be repeated, and dropped again, at every restart. A
-/// connection attempt is bounded by the pool's own acquire timeout.
-///
-/// # Errors
-/// The step failing for a reason of its own, or the database still unable
-/// to do it after the wait; either names `what`.
-pub async fn wait_out_database<T, F, Fut>(what: &str, step: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sea_orm::DbErr>>,
-{
-    use service::classify::{Failure, classify};
-    let waitable = |err: &sea_orm::DbErr| {
-        matches!(
-            classify(err),
-            Failure::Transient { .. } | Failure::Resource { .. }
-        )
-    };
-    retry_at_start_up(what, "the database cannot do this yet", waitable, step)
-        .await
-        .map_err(|(err, gave_up)| {
-            let context = if gave_up {
-                format!(
-                    "{what}: the database still could not do it after {} s",
-                    START_UP_DATABASE_WAIT.as_secs()
-                )
-            } else {
-                what.to_owned()
-            };
-            anyhow::Error::new(err).context(context)
-        })
 }
 
 /// Opens the admin API's read replica pool. Lazily: a replica that is down

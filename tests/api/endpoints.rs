@@ -503,24 +503,11 @@ async fn metrics_answer_with_stats_down_while_a_table_is_locked() {
         .execute_unprepared("LOCK TABLE dead_letter IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let resp = crate::support::http_client()
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
+    let (status, text) = api.metrics().await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("\nseawall_stats_up 0\n"), "{text}");
     assert!(!text.contains("\nseawall_outbox_rows{"), "{text}");
     holder.rollback().await.unwrap();
-    let text = crate::support::http_client()
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, text) = api.metrics().await;
     assert!(text.contains("\nseawall_stats_up 1\n"), "{text}");
 }

@@ -73,6 +73,18 @@ impl TestApi {
         }
     }
 
+    /// `/metrics` (no token needed): status and Prometheus text.
+    pub async fn metrics(&self) -> (u16, String) {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.text().await.unwrap())
+    }
+
     /// GET with the token; returns status and JSON.
     pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
         self.send(self.http.get(format!("{}{path}", self.base)))

@@ -164,22 +164,15 @@ impl Prometheus {
     /// Waits until every alert of `expected` fires, then asserts that no
     /// other alert is pending or firing.
     async fn expect_firing(&self, expected: &[&str]) {
-        let mut alerts = BTreeSet::new();
-        let fired = tokio::time::timeout(Duration::from_secs(90), async {
-            loop {
-                alerts = self.alerts().await;
-                if expected
+        let (fired, alerts) = self
+            .poll(|alerts: &BTreeSet<(String, String)>| {
+                expected
                     .iter()
                     .all(|name| alerts.contains(&((*name).to_owned(), "firing".to_owned())))
-                {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        })
-        .await;
+            })
+            .await;
         assert!(
-            fired.is_ok(),
+            fired,
             "{expected:?} not all firing; active: {alerts:?}\n{}",
             self.log()
         );
@@ -190,22 +183,27 @@ impl Prometheus {
 
     /// Waits until no alert is pending or firing.
     async fn expect_quiet(&self) {
-        let mut last = BTreeSet::new();
-        let quiet = tokio::time::timeout(Duration::from_secs(90), async {
-            loop {
-                last = self.active().await;
-                if last.is_empty() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
+        let (quiet, alerts) = self.poll(BTreeSet::is_empty).await;
+        assert!(quiet, "alerts still active: {alerts:?}\n{}", self.log());
+    }
+
+    /// Polls the active alerts until `done` holds (up to 90 s): whether it
+    /// did, and the alerts seen last.
+    async fn poll(
+        &self,
+        done: impl Fn(&BTreeSet<(String, String)>) -> bool,
+    ) -> (bool, BTreeSet<(String, String)>) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let alerts = self.alerts().await;
+            if done(&alerts) {
+                return (true, alerts);
             }
-        })
-        .await;
-        assert!(
-            quiet.is_ok(),
-            "alerts still active: {last:?}\n{}",
-            self.log()
-        );
+            if tokio::time::Instant::now() > deadline {
+                return (false, alerts);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 }
 

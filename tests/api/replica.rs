@@ -167,14 +167,7 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
     assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
     // The metrics say so too, and leave the lag out: a replica cut off has
     // replayed all it received, so its lag would read 0.
-    let metrics = crate::support::http_client()
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = api.metrics().await;
     assert!(
         metrics.contains("\nseawall_admin_replica_streaming 0\n"),
         "{metrics}"
