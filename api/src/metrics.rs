@@ -238,6 +238,13 @@ fn table_gauges(observed: &crate::stats::Observed, consumers: &[&str]) -> String
             "WAL written since the WAL relay's last confirmed position, in bytes",
         );
         out.sample(&[], wal.behind_bytes as f64);
+        if let Some(at) = wal.recreated_at_seconds {
+            out.family(
+                "seawall_wal_slot_recreated_timestamp_seconds",
+                "When the WAL outbox slot was last found gone and made again (events committed while it was gone were not relayed; see wal_slot_loss)",
+            );
+            out.sample(&[], at);
+        }
     }
     if let Some(replica) = &snapshot.replica {
         if let Some(streaming) = replica.streaming {

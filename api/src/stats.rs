@@ -88,6 +88,10 @@ pub struct WalBacklog {
     pub behind_bytes: i64,
     /// Delay of the relay's confirmations, in seconds.
     pub flush_lag_seconds: Option<f64>,
+    /// When the slot was last found gone (dropped, or invalidated) and made
+    /// again, in seconds since the epoch: events committed while it was
+    /// gone were not relayed (`wal_slot_loss` says which range).
+    pub recreated_at_seconds: Option<f64>,
 }
 
 /// A consumer's backlog in JetStream.
@@ -184,6 +188,7 @@ impl From<stats::Stats> for Stats {
                 retained_bytes: w.retained_bytes,
                 behind_bytes: w.behind_bytes,
                 flush_lag_seconds: w.flush_lag_seconds,
+                recreated_at_seconds: w.recreated_at_seconds,
             }),
             replica: None,
             consumers: Vec::new(),

@@ -32,6 +32,7 @@ mod m20261201_000010_add_outbox_causation;
 mod m20261201_000011_create_throughput_minute;
 mod m20261201_000012_create_wal_relay_position;
 mod m20261202_000013_unbounded_received_subjects;
+mod m20261202_000014_create_wal_slot_loss;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -98,6 +99,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000011_create_throughput_minute::Migration),
             Box::new(m20261201_000012_create_wal_relay_position::Migration),
             Box::new(m20261202_000013_unbounded_received_subjects::Migration),
+            Box::new(m20261202_000014_create_wal_slot_loss::Migration),
         ];
         // The domain's tables come after the platform's: sea-orm records
         // each migration by name, so the order only matters on a fresh

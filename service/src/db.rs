@@ -111,6 +111,7 @@ pub fn options(url: &str, max_connections: u32, sqlite: SqliteOptions) -> Connec
                 .busy_timeout(sqlite.busy_timeout)
         })
         .map_sqlx_sqlite_pool_opts(move |pool| {
+            let pool = pool.after_release(|conn, _| Box::pin(outside_any_transaction(conn)));
             if !wants_writes {
                 return pool;
             }
@@ -127,6 +128,34 @@ pub fn options(url: &str, max_connections: u32, sqlite: SqliteOptions) -> Connec
             })
         });
     opts
+}
+
+/// Whether a connection coming back to the pool is outside any transaction,
+/// as SQLite and sqlx both see it; one that is not is closed instead of
+/// kept.
+///
+/// SQLite rolls a transaction back by itself on some errors (a full disk,
+/// an I/O error); the `ROLLBACK` that follows then fails ("no transaction
+/// is active") and sqlx keeps counting the transaction as open. The next
+/// transaction on that connection would become a savepoint inside it:
+/// its writes "commit" by releasing the savepoint, but nothing ever
+/// commits them, and a consumer would acknowledge messages whose effects
+/// vanish when the connection closes. The check runs after the rollback
+/// that dropping a failed transaction queues on the connection.
+async fn outside_any_transaction(
+    conn: &mut SqliteConnection,
+) -> Result<bool, sea_orm::sqlx::Error> {
+    let autocommit = {
+        let mut handle = conn.lock_handle().await?;
+        // SAFETY: the locked handle guarantees no other call runs on this
+        // connection meanwhile.
+        unsafe { libsqlite3_sys::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) != 0 }
+    };
+    let clean = autocommit && !sea_orm::sqlx::Connection::is_in_transaction(conn);
+    if !clean {
+        tracing::warn!("closing a SQLite connection left inside a transaction after an error");
+    }
+    Ok(clean)
 }
 
 /// Whether SQLite opened this connection's main database read-only (it does

@@ -18,9 +18,15 @@ use serde_json::Value;
 
 use entity::outbox_message;
 
-use crate::support::domain::{LEDGER_STREAM, RECORD_SUBJECT};
+use service::claim::{ClaimOutcome, ClaimPolicy, claim};
+use service::{ConsumerName, Envelope, MessageId, NewEvent, Outbox, OutboxMode};
+
+use crate::support::domain::{
+    EntryRequest, HOOK_CONSUMER, LEDGER_STREAM, RECORD_SUBJECT, RECORDED_SUBJECT,
+};
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
+use crate::support::webhook::WebhookServer;
 use crate::support::{Backend, TestDb, free_port, http_client, wait_for_stream, wait_until};
 
 fn deploy_dir() -> PathBuf {
@@ -28,7 +34,8 @@ fn deploy_dir() -> PathBuf {
 }
 
 /// The shipped rules with every wait cut to seconds: `for:` to 3 s, the
-/// five-minute and longer range windows to 15 s.
+/// five-minute and longer range windows to 15 s; and the WAL thresholds
+/// lowered.
 fn test_rules() -> String {
     let rules = std::fs::read_to_string(deploy_dir().join("prometheus/alerts.yml")).unwrap();
     let mut out = String::new();
@@ -44,7 +51,13 @@ fn test_rules() -> String {
         out.push('\n');
     }
     assert!(out.contains("for: 3s") && !out.contains("[5m]"));
-    out
+    // An hour after a lost WAL slot is half a minute here, and a large WAL
+    // backlog 256 MiB instead of 1 GiB.
+    let shorter = out
+        .replace("< 3600", "< 30")
+        .replace("> 1073741824", "> 268435456");
+    assert!(!shorter.contains("< 3600") && !shorter.contains("> 1073741824"));
+    shorter
 }
 
 /// The shipped scrape config with the test's processes as targets, scraped
@@ -181,6 +194,22 @@ impl Prometheus {
         assert_eq!(active, wanted, "only the fault's alerts are active");
     }
 
+    /// Waits until exactly the alerts of `expected` are active, all
+    /// firing: for a fault that follows another, whose alerts take a few
+    /// evaluations to resolve.
+    async fn expect_only(&self, expected: &[&str]) {
+        let wanted: BTreeSet<(String, String)> = expected
+            .iter()
+            .map(|name| ((*name).to_owned(), "firing".to_owned()))
+            .collect();
+        let (fired, alerts) = self.poll(|alerts| *alerts == wanted).await;
+        assert!(
+            fired,
+            "not only {expected:?} firing; active: {alerts:?}\n{}",
+            self.log()
+        );
+    }
+
     /// Waits until no alert is pending or firing.
     async fn expect_quiet(&self) {
         let (quiet, alerts) = self.poll(BTreeSet::is_empty).await;
@@ -211,6 +240,7 @@ impl Prometheus {
 fn env(
     t: &TestDb,
     nats: &NatsServer,
+    hook: &WebhookServer,
     extra: &[(&'static str, String)],
 ) -> Vec<(&'static str, String)> {
     let mut env = vec![
@@ -219,6 +249,15 @@ fn env(
         ("SEAWALL_RELAY_POLL_MS", "100".to_owned()),
         // A row the stream refuses dies at its first failed attempt.
         ("SEAWALL_RELAY_MAX_ATTEMPTS", "1".to_owned()),
+        // Recorded events are POSTed to a webhook through claims; a claim
+        // whose lease runs out is quarantined at once, by a sweeper that
+        // looks every half second.
+        ("TESTBED_WEBHOOK_URL", hook.url.clone()),
+        ("SEAWALL_CLAIM_MAX_ATTEMPTS", "1".to_owned()),
+        ("SEAWALL_SWEEP_INTERVAL_MS", "500".to_owned()),
+        // Deliveries enough for a failing message to stay undead while a
+        // fault lasts (the kit's naks come within 2 s).
+        ("SEAWALL_MAX_DELIVER", "30".to_owned()),
     ];
     env.extend_from_slice(extra);
     env
@@ -255,11 +294,13 @@ async fn wait_processed(prom: &Prometheus, n: usize) {
         "deliveries processed, as scraped",
         Duration::from_secs(60),
         || async {
-            prom.query(r#"sum(seawall_consumer_messages_total{outcome="processed"})"#)
-                .await
-                .first()
-                .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok())
-                .is_some_and(|v| v >= n as f64)
+            prom.query(
+                r#"sum(seawall_consumer_messages_total{consumer="ledger",outcome="processed"})"#,
+            )
+            .await
+            .first()
+            .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok())
+            .is_some_and(|v| v >= n as f64)
         },
     )
     .await;
@@ -280,8 +321,14 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
     let t = TestDb::new(Backend::Postgres).await;
     let wal_db = TestDb::new(Backend::Postgres).await;
     let nats = NatsServer::start().await;
-    let common = env(&t, &nats, &[]);
-    let wal_env = env(&wal_db, &nats, &[("SEAWALL_OUTBOX_MODE", "wal".to_owned())]);
+    let hook = WebhookServer::start(Duration::ZERO, 200).await;
+    let common = env(&t, &nats, &hook, &[]);
+    let wal_env = env(
+        &wal_db,
+        &nats,
+        &hook,
+        &[("SEAWALL_OUTBOX_MODE", "wal".to_owned())],
+    );
     let ports: Vec<u16> = (0..7).map(|_| free_port()).collect();
     let api = spawn("api", &common, ("SEAWALL_API_ADDR", ports[0]));
     let mut relays = vec![
@@ -469,6 +516,181 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
     prom.expect_quiet().await;
     assert_eq!(worker::relay::pending_count(&t.db).await.unwrap(), 0);
 
+    // 4a. An event that waited half a minute for a relay (publishable since
+    // then, published now): SeawallRelayLagHigh. Its runbook: the outbox
+    // has nothing pending, so the relays keep up again (the lag was a
+    // backlog's); it clears by itself once its window has passed.
+    let mut late = crate::support::rows::event(
+        "prom-late".into(),
+        chrono::Utc::now() - chrono::Duration::seconds(30),
+    );
+    late.next_attempt_at = Set(chrono::Utc::now() - chrono::Duration::seconds(30));
+    outbox_message::Entity::insert(late)
+        .exec_without_returning(&t.db)
+        .await
+        .unwrap();
+    prom.expect_only(&["SeawallRelayLagHigh"]).await;
+    assert_eq!(worker::relay::pending_count(&t.db).await.unwrap(), 0);
+    prom.expect_quiet().await;
+
+    // 4b. A transient database error that every retry meets (here a
+    // trigger raising serialization failures, as heavy contention would):
+    // SeawallExecutorRetriesExhausted, and the consumer's failures
+    // (SeawallConsumerFailureRatioHigh). The runbook: the consumer's log
+    // names the reason; end the contention; the message is redelivered on
+    // the nak schedule and applied.
+    t.db.execute_unprepared(CONFLICT_TRIGGER).await.unwrap();
+    publish(&js, "prom-conflict", &credit_payload("acct-conflict")).await;
+    prom.expect_only(&[
+        "SeawallConsumerFailureRatioHigh",
+        "SeawallExecutorRetriesExhausted",
+    ])
+    .await;
+    assert!(
+        consumers
+            .iter()
+            .any(|c| c.log_text().contains("could not serialize")),
+        "a consumer's log names the reason"
+    );
+    t.db.execute_unprepared("DROP TRIGGER prom_conflict ON ledger_entry")
+        .await
+        .unwrap();
+    wait_processed(&prom, 20 + 40 + 5 + 1).await;
+    prom.expect_quiet().await;
+
+    // 4c. An effect's fate unknown: a claim on a recorded event whose
+    // owner went away during the call (its lease over), quarantined by
+    // the deployment's sweeper with a dead letter:
+    // SeawallClaimsQuarantined and SeawallDeadLettersOpen. The runbook:
+    // find it, check the receiver (it never saw the event), release the
+    // claim and replay its dead letter: the effect is performed once.
+    let event = Envelope::new(
+        MessageId::parse("prom-claim").unwrap(),
+        RECORDED_SUBJECT,
+        credit_payload("acct-claim"),
+    );
+    let gone = ClaimPolicy {
+        lease: Duration::ZERO,
+        max_attempts: 1,
+        instance: "gone".into(),
+    };
+    let hook_consumer = ConsumerName::parse(HOOK_CONSUMER).unwrap();
+    let ClaimOutcome::Acquired(_owner) = claim(&t.db, &event, &hook_consumer, &gone).await.unwrap()
+    else {
+        panic!("the claim was taken")
+    };
+    prom.expect_only(&["SeawallClaimsQuarantined", "SeawallDeadLettersOpen"])
+        .await;
+    let quarantined = admin(
+        reqwest::Method::GET,
+        &base,
+        "/api/v1/inbox?state=quarantined",
+    )
+    .await;
+    let claim_row = &quarantined["items"][0];
+    assert_eq!(claim_row["message_id"], "prom-claim", "{quarantined}");
+    assert!(
+        !hook.calls().contains_key("prom-claim"),
+        "{:?}",
+        hook.calls()
+    );
+    admin(
+        reqwest::Method::POST,
+        &base,
+        &format!("/api/v1/inbox/{}/release", claim_row["id"]),
+    )
+    .await;
+    let letters = admin(
+        reqwest::Method::GET,
+        &base,
+        "/api/v1/dead-letters?replayed=false",
+    )
+    .await;
+    let letter = &letters["items"][0];
+    assert_eq!(letter["message_id"], "prom-claim", "{letters}");
+    admin(
+        reqwest::Method::POST,
+        &base,
+        &format!("/api/v1/dead-letters/{}/replay", letter["id"]),
+    )
+    .await;
+    wait_until("the effect performed", Duration::from_secs(60), || async {
+        hook.calls().get("prom-claim") == Some(&1)
+    })
+    .await;
+    prom.expect_quiet().await;
+
+    // 4d. The WAL slot lost. An event is relayed from it (the relay
+    // records its position), the relay stops, and the slot is dropped under
+    // it (by hand here; PostgreSQL invalidating it past
+    // max_slot_wal_keep_size does the same): the relay that starts again
+    // makes a new slot and finds the loss. SeawallWalSlotRecreated. The
+    // runbook: the relay's log and wal_slot_loss name the WAL range whose
+    // events were not relayed; the alert clears by itself later.
+    let txn = wal_db.db.begin().await.unwrap();
+    Outbox::new(OutboxMode::Wal)
+        .enqueue(
+            &txn,
+            NewEvent::new(RECORDED_SUBJECT, credit_payload("acct-wal")).with_message_id("prom-wal"),
+        )
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    wait_until("the WAL event relayed", Duration::from_secs(30), || async {
+        count_of(&wal_db.db, "SELECT count(*) FROM wal_relay_position").await == 1
+    })
+    .await;
+    wal_relay.kill9().await;
+    let slot = worker::relay::wal::default_slot_name(&wal_db.url);
+    wait_until("the slot dropped", Duration::from_secs(30), || async {
+        wal_db
+            .db
+            .execute_unprepared(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+            .await
+            .is_ok()
+    })
+    .await;
+    wal_relay = spawn("relay", &wal_env, ("SEAWALL_METRICS_ADDR", ports[6]));
+    prom.expect_only(&["SeawallWalSlotRecreated"]).await;
+    assert_eq!(
+        count_of(
+            &wal_db.db,
+            "SELECT count(*) FROM wal_slot_loss WHERE restarted_at >= relayed_to AND relayed_to > 0"
+        )
+        .await,
+        1
+    );
+    let log = wal_relay.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("relayed_to=")
+            && l.contains("restarted_at=")),
+        "{log}"
+    );
+    prom.expect_quiet().await;
+
+    // 4e. WAL piles up behind the slot while no relay reads it:
+    // SeawallWalBacklogLarge (with SeawallWalSlotUnread and the relay's
+    // SeawallProcessDown). The runbook: a relay again; it reads past the
+    // backlog and the slot lets the WAL go.
+    // The WAL is the server's, written here by the other database (whose
+    // changes the slot's decoder skips at once when it reads again).
+    wal_relay.kill9().await;
+    t.db.execute_unprepared(
+        "CREATE TABLE ballast AS SELECT repeat('x', 1000) AS b FROM generate_series(1, 400000)",
+    )
+    .await
+    .unwrap();
+    prom.expect_only(&[
+        "SeawallProcessDown",
+        "SeawallWalBacklogLarge",
+        "SeawallWalSlotUnread",
+    ])
+    .await;
+    wal_relay = spawn("relay", &wal_env, ("SEAWALL_METRICS_ADDR", ports[6]));
+    t.db.execute_unprepared("DROP TABLE ballast").await.unwrap();
+    prom.expect_quiet().await;
+
     // 5. The API cannot read the tables: SeawallStatsUnavailable, and the
     // table gauges are absent rather than frozen. The runbook: the API's
     // log names the failing query; repair the database.
@@ -500,13 +722,43 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
         p.assert_no_panic();
     }
     drop(wal_relay);
-    let slot = worker::relay::wal::default_slot_name(&wal_db.url);
     wait_until("the WAL slot released", Duration::from_secs(30), || async {
         worker::relay::wal::drop_slot(&wal_db.db, &slot)
             .await
             .is_ok()
     })
     .await;
+}
+
+/// A trigger that fails every ledger entry with a serialization failure
+/// (40001), which the executor retries as contention.
+const CONFLICT_TRIGGER: &str = "
+CREATE FUNCTION prom_conflict() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END $$;
+CREATE TRIGGER prom_conflict BEFORE INSERT ON ledger_entry
+FOR EACH ROW EXECUTE FUNCTION prom_conflict();";
+
+/// The count a `SELECT count(*) ...` query returns.
+async fn count_of(db: &DatabaseConnection, sql: &str) -> i64 {
+    db.query_one_raw(sea_orm::Statement::from_string(
+        sea_orm::DbBackend::Postgres,
+        sql,
+    ))
+    .await
+    .unwrap()
+    .unwrap()
+    .try_get_by_index::<i64>(0)
+    .unwrap()
+}
+
+/// A ledger request crediting 1 to `account`.
+fn credit_payload(account: &str) -> Vec<u8> {
+    serde_json::to_vec(&EntryRequest {
+        account_id: account.into(),
+        amount: 1,
+        reference: None,
+    })
+    .unwrap()
 }
 
 /// The runbook's step for a stalled consumer on PostgreSQL: the sessions

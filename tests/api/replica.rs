@@ -210,6 +210,23 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
         status, 200,
         "the write works again after the failover: {row}"
     );
+    // SeawallAdminReplicaCutOff's runbook: the primary back (or a new one
+    // elected), the replica streams from it again and the metric the
+    // alert reads is 1 again.
+    wait_until(
+        "the replica streams again",
+        Duration::from_secs(120),
+        || {
+            let api = &api;
+            async move {
+                api.metrics()
+                    .await
+                    .1
+                    .contains("\nseawall_admin_replica_streaming 1\n")
+            }
+        },
+    )
+    .await;
 }
 
 /// `seawall api` with `admin_database_url` set: the process itself, so the

@@ -218,3 +218,40 @@ async fn an_effect_whose_record_meets_an_outage_is_recorded_without_a_second_cal
     assert!(p.terminate().await.success());
     p.assert_no_panic();
 }
+
+/// SIGTERM while a performed effect waits for the database to record it:
+/// the process keeps trying for its grace, then exits (it does not wait
+/// for the database for ever) and its log names the claim a person may
+/// have to check; nothing calls the receiver a second time meanwhile.
+#[tokio::test]
+async fn sigterm_while_a_performed_effect_waits_to_be_recorded_names_its_claim() {
+    let (t, nats, js) = setup(Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let hook = WebhookServer::start(Duration::from_millis(1500), 200).await;
+    let proxied = proxy.url_for(&t.url, upstream);
+    let mut p = consume(&proxied, &nats, &hook, &[]);
+    publish_event(&js, "evt-stopping").await;
+    wait_until("the webhook call", Duration::from_secs(30), || async {
+        hook.total_calls() == 1
+    })
+    .await;
+    let claim_id = the_row(&t).await.id;
+    proxy.cut();
+    // Past the receiver's answer: the effect is performed, its record waits.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = tokio::time::timeout(Duration::from_secs(40), p.terminate())
+        .await
+        .unwrap_or_else(|_| panic!("still running 40 s after SIGTERM:\n{}", p.log_text()));
+    assert!(status.success(), "{status:?}\n{}", p.log_text());
+    let log = p.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("effect performed but not recorded"))
+        .unwrap_or_else(|| panic!("no line names the unrecorded effect:\n{log}"));
+    assert!(line.contains(&format!("claim={claim_id}")), "{line}");
+    assert!(line.contains("evt-stopping"), "{line}");
+    assert_eq!(hook.total_calls(), 1, "{:?}", hook.calls());
+    proxy.restore();
+    p.assert_no_panic();
+}

@@ -174,6 +174,103 @@ async fn a_read_only_mariadb_dead_letters_nothing() {
         .unwrap();
 }
 
+/// SQLite on a file system with no room left for 10 s (a tmpfs of the
+/// test's own, filled by a file of its own): every write meets
+/// SQLITE_FULL, the dead-letter inserts included, and no valid message is
+/// dead-lettered once the room is back. SQLite rolls those transactions
+/// back by itself; before the pool closed the connections this left
+/// inside a transaction, later "commits" on them were savepoints that
+/// never committed, and all 300 messages were acknowledged with nothing
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_disk_under_sqlite_dead_letters_nothing() {
+    let disk = SmallDisk::mount(64);
+    let t = crate::support::TestDb::sqlite_in(disk.path()).await;
+    let nats = crate::support::nats::NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(
+        &js,
+        &crate::helpers::ledger_stream(Duration::from_secs(120)),
+    )
+    .await
+    .unwrap();
+    let consume = consume(&t.url, &nats.url()).await;
+    // An empty write-ahead log, so the next commit needs room it cannot get.
+    wait_until("the WAL truncated", Duration::from_secs(30), || async {
+        use sea_orm::Statement;
+        let row =
+            t.db.query_one_raw(Statement::from_string(
+                sea_orm::DbBackend::Sqlite,
+                "PRAGMA wal_checkpoint(TRUNCATE)",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i32>(0).unwrap() == 0
+    })
+    .await;
+    let filler = disk.fill();
+    publish(&js, 300).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    std::fs::remove_file(filler).unwrap();
+    all_applied_once(&t.db, 300, &consume).await;
+    assert!(
+        consume.log_text().contains("database or disk is full"),
+        "the consumer met the full disk:\n{}",
+        consume.log_text()
+    );
+}
+
+/// A tmpfs of a few MiB mounted on a temporary directory, unmounted on drop.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn mount(mib: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "mounting a tmpfs (the suite runs as root)"
+        );
+        Self(dir)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+
+    /// Writes a file until the file system has no room left; returns it.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.path().join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        let _ = file.sync_all();
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
 /// Turns `read_only` off again should the test fail while it is on, so the
 /// shared server does not stay read-only for the rest of the suite.
 struct ReadOnlyLifted(String);

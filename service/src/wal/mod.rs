@@ -44,6 +44,9 @@ pub struct Backlog {
     /// How long the relay's latest confirmation took to come back after the
     /// WAL was flushed, in seconds (absent while no relay reads it).
     pub flush_lag_seconds: Option<f64>,
+    /// When the slot was last found gone and made again (`wal_slot_loss`),
+    /// in seconds since the epoch; absent when it never was.
+    pub recreated_at_seconds: Option<f64>,
 }
 
 /// The backlog of `slot`, or `None` when there is no such slot.
@@ -56,7 +59,9 @@ pub async fn backlog<C: ConnectionTrait>(db: &C, slot: &str) -> Result<Option<Ba
         "SELECT s.slot_name::text AS slot, s.active,
                 COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint AS retained_bytes,
                 COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint AS behind_bytes,
-                EXTRACT(EPOCH FROM r.flush_lag)::float8 AS flush_lag_seconds
+                EXTRACT(EPOCH FROM r.flush_lag)::float8 AS flush_lag_seconds,
+                (SELECT EXTRACT(EPOCH FROM max(l.recreated_at))::float8
+                   FROM wal_slot_loss l WHERE l.slot = s.slot_name::text) AS recreated_at_seconds
            FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
           WHERE s.slot_name = $1",
         [slot.into()],

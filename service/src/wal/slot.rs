@@ -80,6 +80,27 @@ struct SlotRow {
     active: bool,
 }
 
+/// A slot that was gone (dropped, or invalidated) and was made again: the
+/// events committed between `relayed_to` and `restarted_at` were never
+/// decoded, so never published. Also kept in `wal_slot_loss`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SlotLoss {
+    /// The end of the last window the relay had recorded as published.
+    pub relayed_to: Lsn,
+    /// Where the new slot starts.
+    pub restarted_at: Lsn,
+}
+
+/// A WAL position, printed as PostgreSQL prints it (`16/B374D848`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lsn(pub u64);
+
+impl std::fmt::Display for Lsn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+    }
+}
+
 async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
     Ok(
         Setting::find_by_statement(Statement::from_string(DbBackend::Postgres, sql))
@@ -104,23 +125,51 @@ async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>
 /// publication when missing. Several relays starting at once create them
 /// once.
 ///
+/// A slot that PostgreSQL invalidated (`wal_status = 'lost'`) is dropped
+/// and made again. When a relay had recorded a position in the old slot
+/// (so the slot existed and was not dropped by `seawall relay --drop-slot`,
+/// which removes the position too), its loss is returned and written to
+/// `wal_slot_loss`: the events between the two positions were never
+/// relayed.
+///
 /// # Errors
 /// [`SlotError::WalLevel`] naming the setting to change,
 /// [`SlotError::ForeignSlot`] for a slot of that name made for something
 /// else, or the database error (for example missing `REPLICATION`
 /// privilege).
-pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotError> {
+pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLoss>, SlotError> {
     let level = one_text(db, "SELECT current_setting('wal_level') AS value").await?;
     if level != "logical" {
         return Err(SlotError::WalLevel(level));
     }
     let database = one_text(db, "SELECT current_database()::text AS value").await?;
+    // Nothing can be decoded from an invalidated slot any more. Dropped
+    // only while it is still the lost one: another relay may have made a
+    // new one of the same name meanwhile.
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+         WHERE slot_name = $1 AND wal_status = 'lost' AND NOT active",
+        [slot.into()],
+    ))
+    .await?;
     if slot_row(db, slot).await?.is_none() {
         // A new slot starts at its creation; an old slot's position says
-        // nothing about it.
+        // nothing about it, except that there was an old slot: its loss is
+        // recorded in the same statement that forgets the position, so a
+        // failed creation below cannot make it unrecorded.
+        // The position is forgotten only while there is still no slot
+        // (another relay may have made it, and recorded a window, since the
+        // check above), and a position past the server's WAL is another
+        // cluster's (a restored dump), not a loss on this one.
         db.execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            "DELETE FROM wal_relay_position WHERE slot = $1",
+            "WITH gone AS (DELETE FROM wal_relay_position WHERE slot = $1 \
+                 AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1) \
+                 RETURNING slot, lsn) \
+             INSERT INTO wal_slot_loss (slot, relayed_to, recreated_at) \
+             SELECT slot, lsn, now() FROM gone \
+              WHERE lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
             [slot.into()],
         ))
         .await?;
@@ -139,6 +188,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotErro
         }
     }
     wait_consistent(db, slot).await?;
+    let loss = restarted(db, slot).await?;
     let Some(row) = slot_row(db, slot).await? else {
         return Err(SlotError::ForeignSlot {
             slot: slot.to_owned(),
@@ -181,7 +231,33 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotErro
             return Err(err.into());
         }
     }
-    Ok(())
+    Ok(loss)
+}
+
+/// Completes the losses of `slot` not completed yet (this call's, or one
+/// whose process died before it got here) with where the new slot starts
+/// and when it could take events again; returns the latest.
+async fn restarted(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLoss>, DbErr> {
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "UPDATE wal_slot_loss SET recreated_at = now(), restarted_at = \
+               (SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+                  FROM pg_replication_slots WHERE slot_name = $1) \
+             WHERE slot = $1 AND restarted_at IS NULL RETURNING relayed_to, restarted_at",
+            [slot.into()],
+        ))
+        .await?;
+    let lsn = |v: Option<i64>| Lsn(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0));
+    let mut latest = None;
+    for row in rows {
+        let loss = SlotLoss {
+            relayed_to: lsn(row.try_get("", "relayed_to")?),
+            restarted_at: lsn(row.try_get("", "restarted_at")?),
+        };
+        latest = latest.max(Some(loss));
+    }
+    Ok(latest)
 }
 
 /// How long start-up waits for another process's slot creation to finish.
@@ -226,6 +302,17 @@ async fn wait_consistent(db: &DatabaseConnection, slot: &str) -> Result<(), Slot
 /// [`SlotError::SlotActive`] while a relay streams from it; the database
 /// error otherwise.
 pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, SlotError> {
+    if slot_row(db, slot).await?.is_some_and(|row| row.active) {
+        return Err(SlotError::SlotActive(slot.to_owned()));
+    }
+    // The position first: a position left without its slot (this process
+    // stopped halfway) would read as a lost slot at the next start.
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "DELETE FROM wal_relay_position WHERE slot = $1",
+        [slot.into()],
+    ))
+    .await?;
     let dropped = match slot_row(db, slot).await? {
         Some(row) if row.active => return Err(SlotError::SlotActive(slot.to_owned())),
         Some(_) => {
@@ -241,13 +328,6 @@ pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, Slot
     };
     db.execute_unprepared(&format!("DROP PUBLICATION IF EXISTS {slot}"))
         .await?;
-    // A new slot of the same name starts from its own creation.
-    db.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "DELETE FROM wal_relay_position WHERE slot = $1",
-        [slot.into()],
-    ))
-    .await?;
     Ok(dropped)
 }
 

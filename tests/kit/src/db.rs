@@ -45,7 +45,14 @@ impl TestDb {
     /// A database like [`TestDb::new`]'s on the Patroni cluster of
     /// `scripts/services start ha`, through HAProxy's read-write port.
     pub async fn on_ha_cluster() -> Self {
-        let (url, db) = create_postgres(&server_url("SEAWALL_HA_PG_URL")).await;
+        Self::on_postgres(&server_url("SEAWALL_HA_PG_URL")).await
+    }
+
+    /// A database like [`TestDb::new`]'s on the PostgreSQL server at
+    /// `base` (`postgres://user@host:port`), such as a test's own
+    /// [`crate::postgres::PrivatePostgres`].
+    pub async fn on_postgres(base: &str) -> Self {
+        let (url, db) = create_postgres(base).await;
         Self::migrated(Self {
             backend: Backend::Postgres,
             url,
@@ -94,6 +101,20 @@ impl TestDb {
             db,
             _dir: dir,
         }
+    }
+
+    /// A migrated SQLite database in `dir`, a directory the caller owns (a
+    /// small file system of the test's own, say, that it can fill).
+    pub async fn sqlite_in(dir: &std::path::Path) -> Self {
+        let url = format!("sqlite://{}?mode=rwc", dir.join("test.db").display());
+        let db = connect(&url, 20).await;
+        Self::migrated(Self {
+            backend: Backend::Sqlite,
+            url,
+            db,
+            _dir: None,
+        })
+        .await
     }
 
     /// Another, independent pool on the same database (a second "instance").

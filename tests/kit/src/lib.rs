@@ -13,8 +13,9 @@
 //! - `db`: a fresh migrated database per test on SQLite, PostgreSQL or
 //!   MariaDB, and [`on_backends!`] to run a test on each.
 //! - `binary`, `process`: the workspace's binaries as child processes.
-//! - `nats`, `proxy`, `webhook`, `tls`: a private nats-server, a TCP proxy
-//!   that cuts connections, a webhook receiver, test certificates.
+//! - `nats`, `postgres`, `proxy`, `webhook`, `tls`: a private nats-server,
+//!   a private PostgreSQL server, a TCP proxy that cuts connections, a
+//!   webhook receiver, test certificates.
 //! - `rows`: outbox rows and markers written as a busy service leaves them.
 //! - `wait`, `net`: conditions instead of sleeps; HTTP clients and ports.
 
@@ -28,6 +29,8 @@ mod db;
 pub mod nats;
 #[cfg(feature = "harness")]
 mod net;
+#[cfg(feature = "harness")]
+pub mod postgres;
 #[cfg(feature = "harness")]
 pub mod process;
 #[cfg(feature = "harness")]

@@ -316,6 +316,7 @@ impl Relay {
                 None
             };
         tracing::info!(instance = %self.config.instance, concurrency = self.config.concurrency, "outbox relay started");
+        register_lag();
         join_all((0..self.config.concurrency.max(1)).map(|_| self.lane(&cancel))).await;
         tracing::info!(instance = %self.config.instance, "outbox relay stopped");
     }
@@ -372,6 +373,14 @@ pub(crate) fn explain(
         Some(reason) => format!("{reason} ({error})"),
         None => error,
     }
+}
+
+/// Exports `seawall_relay_lag_seconds` from a relay's start, empty: a
+/// series that first appears with an observation in it is no increase to
+/// `rate()`, so the first events a restarted relay publishes (the ones that
+/// waited for it) would never reach the lag alert.
+pub(crate) fn register_lag() {
+    let _ = metrics::histogram!("seawall_relay_lag_seconds");
 }
 
 /// Records `seawall_relay_lag_seconds` for a row just acknowledged: the

@@ -98,7 +98,28 @@ mod record;
 mod slot;
 
 pub use reader::MIN_WINDOW;
-pub use service::wal::slot::{SlotError, default_slot_name, drop_slot, prepare, valid_slot_name};
+pub use service::wal::slot::{SlotError, SlotLoss, default_slot_name, drop_slot, valid_slot_name};
+
+/// Makes sure the slot can be read ([`service::wal::slot::prepare`]: made
+/// when missing, made again when PostgreSQL invalidated it) and reports a
+/// loss it found: an error naming the slot and the WAL range whose events
+/// were never relayed, and `seawall_wal_slot_recreated_total`. The loss is
+/// in `wal_slot_loss` too, which the `api` exports for the alert.
+///
+/// # Errors
+/// As [`service::wal::slot::prepare`].
+pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotError> {
+    if let Some(loss) = service::wal::slot::prepare(db, slot).await? {
+        tracing::error!(
+            %slot,
+            relayed_to = %loss.relayed_to,
+            restarted_at = %loss.restarted_at,
+            "the WAL slot was gone (dropped, or invalidated by max_slot_wal_keep_size) and is made again: events committed between relayed_to and restarted_at were not relayed (recorded in wal_slot_loss)"
+        );
+        metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
+    }
+    Ok(())
+}
 
 use reader::{Reader, Window, ended};
 use slot::replication_config;
@@ -140,6 +161,7 @@ impl WalRelay {
         // Present from the start: `increase()` sees the first recreation
         // only against an earlier 0.
         metrics::counter!("seawall_wal_slot_recreated_total").increment(0);
+        crate::relay::register_lag();
         while !cancel.is_cancelled() {
             let ended = self.session(&cancel).await;
             if cancel.is_cancelled() {
@@ -161,16 +183,19 @@ impl WalRelay {
                     }
                     failures = failures.saturating_add(1);
                     metrics::gauge!("seawall_wal_relay_active").set(0.0);
-                    if err.to_string().contains("does not exist") {
-                        // Dropped or invalidated under running writers: the
-                        // events they wrote meanwhile never reached a slot.
-                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot is gone; recreating it (events written while it was missing are not relayed)");
-                        metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
-                        if let Err(err) = prepare(&self.db, &self.config.slot).await {
-                            tracing::warn!(error = %err, "could not recreate the WAL slot");
+                    tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
+                    // The slot may be what failed: dropped, or invalidated
+                    // under running writers (PostgreSQL then refuses to
+                    // decode from it for good). Made again here, whatever
+                    // the error's wording.
+                    tokio::select! {
+                        () = cancel.cancelled() => break,
+                        checked = prepare(&self.db, &self.config.slot) => {
+                            if let Err(err) = checked {
+                                tracing::warn!(error = %err, "could not check the WAL slot");
+                            }
                         }
                     }
-                    tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
                     service::Backoff::new(self.config.retry_base, self.config.retry_max)
                         .delay(failures)
                 }

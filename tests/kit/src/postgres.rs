@@ -1,0 +1,112 @@
+//! A PostgreSQL server of a test's own, for settings the shared server of
+//! `scripts/services` must not take: they would reach every other test's
+//! databases (a tiny `max_slot_wal_keep_size` invalidates every lagging
+//! slot on the server, not just the test's).
+
+use std::process::Command;
+
+use crate::net::free_port;
+
+/// Where Debian's PostgreSQL 15 keeps its server programs.
+const BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A running server in a temporary directory, stopped (and removed) on
+/// drop. Durability is off, as on the shared server.
+pub struct PrivatePostgres {
+    dir: tempfile::TempDir,
+    /// `postgres://postgres@127.0.0.1:<port>`: append `/<database>`.
+    pub url: String,
+}
+
+impl PrivatePostgres {
+    /// Creates a cluster and starts it with `settings` (`name=value`, as
+    /// `postgres -c` takes them).
+    pub fn start(settings: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .expect("chown");
+        assert!(status.success(), "handing the directory to postgres");
+        let data = data_of(&dir);
+        as_postgres(&[
+            &format!("{BIN}/initdb"),
+            "-D",
+            &data,
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]);
+        let port = free_port();
+        let mut options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off",
+            dir.path().display()
+        );
+        for setting in settings {
+            options.push_str(" -c ");
+            options.push_str(setting);
+        }
+        let log = dir.path().join("server.log");
+        as_postgres(&[
+            &format!("{BIN}/pg_ctl"),
+            "-D",
+            &data,
+            "-o",
+            &options,
+            "-l",
+            &log.display().to_string(),
+            "-w",
+            "start",
+        ]);
+        Self {
+            dir,
+            url: format!("postgres://postgres@127.0.0.1:{port}"),
+        }
+    }
+}
+
+/// The cluster's data directory in `dir`.
+fn data_of(dir: &tempfile::TempDir) -> String {
+    dir.path().join("data").display().to_string()
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = Command::new("setpriv")
+            .current_dir("/")
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg(format!("{BIN}/pg_ctl"))
+            .args(["-D", &data_of(&self.dir), "-m", "immediate", "-w", "stop"])
+            .status();
+    }
+}
+
+/// Runs `args` as the postgres user, from `/` (a checkout only root can
+/// enter is no working directory for it), and asserts it succeeded.
+fn as_postgres(args: &[&str]) {
+    let out = Command::new("setpriv")
+        .current_dir("/")
+        .args([
+            "--reuid=postgres",
+            "--regid=postgres",
+            "--init-groups",
+            "--",
+        ])
+        .args(args)
+        .output()
+        .expect("setpriv");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
