@@ -220,9 +220,9 @@ async fn an_effect_whose_record_meets_an_outage_is_recorded_without_a_second_cal
 }
 
 /// SIGTERM while a performed effect waits for the database to record it:
-/// the process keeps trying for its grace, then exits (it does not wait
-/// for the database for ever) and its log names the claim a person may
-/// have to check; nothing calls the receiver a second time meanwhile.
+/// the process stops waiting and exits (it does not wait for the database
+/// for ever), and its log names the claim and message a person may have to
+/// check; nothing calls the receiver a second time meanwhile.
 #[tokio::test]
 async fn sigterm_while_a_performed_effect_waits_to_be_recorded_names_its_claim() {
     let (t, nats, js) = setup(Backend::Postgres).await;

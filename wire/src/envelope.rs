@@ -19,7 +19,9 @@ pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
 /// message to the events its handler writes.
 pub const HEADER_CORRELATION_ID: &str = "Seawall-Correlation-Id";
 /// Header carrying when the event was written (its outbox row's or WAL
-/// message's commit-time `created_at`, RFC 3339), set by the relays so a
+/// message's commit-time `created_at`, in microseconds since the Unix
+/// epoch: a short integer, cheap to write on every message; earlier relays
+/// wrote RFC 3339, which consumers still read), set by the relays so a
 /// consumer can measure the delay from write to handling across processes.
 pub const HEADER_WRITTEN_AT: &str = "Seawall-Written-At";
 /// CloudEvents binary-mode headers, used when `Nats-Msg-Id` is absent.

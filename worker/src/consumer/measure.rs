@@ -23,8 +23,7 @@ impl Consumer {
         }
         let written = headers
             .get(service::envelope::HEADER_WRITTEN_AT)
-            .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
-            .and_then(|at| at.timestamp_nanos_opt())
+            .and_then(|at| written_at_nanos(at))
             .or_else(|| {
                 let stored = msg.info().ok()?.published.unix_timestamp_nanos();
                 i64::try_from(stored).ok()
@@ -42,5 +41,35 @@ impl Consumer {
     pub(super) fn count(&self, outcome: &'static str) {
         metrics::counter!("seawall_consumer_messages_total", "consumer" => self.registration.consumer.to_string(), "outcome" => outcome)
             .increment(1);
+    }
+}
+
+/// A `Seawall-Written-At` value in nanoseconds since the epoch: microseconds
+/// as relays write it, or RFC 3339 as earlier relays did.
+fn written_at_nanos(value: &str) -> Option<i64> {
+    match value.parse::<i64>() {
+        Ok(micros) => micros.checked_mul(1000),
+        Err(_) => chrono::DateTime::parse_from_rfc3339(value)
+            .ok()?
+            .timestamp_nanos_opt(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::written_at_nanos;
+
+    #[test]
+    fn written_at_reads_microseconds_and_the_earlier_rfc3339() {
+        assert_eq!(
+            written_at_nanos("1796239800123456"),
+            Some(1_796_239_800_123_456_000)
+        );
+        assert_eq!(
+            written_at_nanos("2026-12-02T19:30:00.123456Z"),
+            Some(1_796_239_800_123_456_000)
+        );
+        assert_eq!(written_at_nanos("9223372036854775807"), None);
+        assert_eq!(written_at_nanos("yesterday"), None);
     }
 }

@@ -447,10 +447,8 @@ pub fn message<'a>(
         map.insert(name, value);
     }
     map.insert(
-        service::envelope::HEADER_WRITTEN_AT,
-        written_at
-            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-            .as_str(),
+        HeaderName::from_static(service::envelope::HEADER_WRITTEN_AT),
+        HeaderValue::from(written_at.timestamp_micros()),
     );
     Ok(PublishMessage::build()
         .headers(map)
