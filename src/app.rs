@@ -137,7 +137,7 @@ impl Application {
         let js = jetstream::new(client.clone());
         if roles.workers() {
             let relay = settings.relay();
-            wait_out_broker(|| async {
+            wait_out_broker("setting up the stream", || async {
                 worker::ensure_stream(&js, &domain.stream).await?;
                 worker::check_duplicate_window(
                     &js,
@@ -352,7 +352,7 @@ async fn consumers(
             registration.clone(),
             config.clone(),
         );
-        consumer.ensure().await?;
+        wait_out_broker("setting up the consumers", || consumer.ensure()).await?;
         consumers.push(consumer);
     }
     Ok(consumers)

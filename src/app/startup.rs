@@ -40,39 +40,55 @@ pub async fn connect_db_waiting(
     .await
 }
 
-/// Runs the stream set-up `step` until JetStream answers it, for up to
-/// [`START_UP_DATABASE_WAIT`]: a process (re)started while a NATS node is
-/// down or a stream leader is being elected meets timeouts and "no
-/// responders" for some seconds, and exiting into its supervisor's restart
-/// loop then would only start it again into the same wait. An answer that
-/// refuses the stream (a bad configuration) stops start-up at once.
+/// A set-up error that can tell JetStream being unable to answer now from
+/// JetStream refusing.
+pub(super) trait Unavailable: std::error::Error + Send + Sync + 'static {
+    /// Whether JetStream could not answer now.
+    fn unavailable(&self) -> bool;
+}
+
+impl Unavailable for worker::StreamError {
+    fn unavailable(&self) -> bool {
+        self.is_unavailable()
+    }
+}
+
+impl Unavailable for worker::consumer::ConsumerError {
+    fn unavailable(&self) -> bool {
+        self.is_unavailable()
+    }
+}
+
+/// Runs the JetStream set-up `step` (the stream, the consumers) until
+/// JetStream answers it, for up to [`START_UP_DATABASE_WAIT`]: a process
+/// (re)started while a NATS node is down or a leader is being elected meets
+/// timeouts and "no responders" for some seconds, and exiting into its
+/// supervisor's restart loop then would only start it again into the same
+/// wait. An answer that refuses (a bad configuration) stops start-up at
+/// once.
 ///
 /// # Errors
 /// The step's error when JetStream refused, or still could not answer when
 /// the wait ran out.
-pub(super) async fn wait_out_broker<T, F, Fut>(step: F) -> Result<T>
+pub(super) async fn wait_out_broker<T, E, F, Fut>(what: &str, step: F) -> Result<T>
 where
+    E: Unavailable,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, worker::StreamError>>,
+    Fut: std::future::Future<Output = Result<T, E>>,
 {
-    retry_at_start_up(
-        "setting up the stream",
-        "JetStream cannot answer yet",
-        worker::StreamError::is_unavailable,
-        step,
-    )
-    .await
-    .map_err(|(err, gave_up)| {
-        let err = anyhow::Error::new(err);
-        if gave_up {
-            err.context(format!(
-                "JetStream still could not answer after {} s",
-                START_UP_DATABASE_WAIT.as_secs()
-            ))
-        } else {
-            err
-        }
-    })
+    retry_at_start_up(what, "JetStream cannot answer yet", E::unavailable, step)
+        .await
+        .map_err(|(err, gave_up)| {
+            let err = anyhow::Error::new(err);
+            if gave_up {
+                err.context(format!(
+                    "JetStream still could not answer after {} s",
+                    START_UP_DATABASE_WAIT.as_secs()
+                ))
+            } else {
+                err
+            }
+        })
 }
 
 /// Runs `step` until it succeeds or fails with an error `waitable` does not

@@ -65,37 +65,51 @@ impl StreamError {
     /// leader being elected), as opposed to an answer refusing the stream.
     /// Start-up waits the first out and stops at the second.
     pub fn is_unavailable(&self) -> bool {
-        use async_nats::jetstream::context::{
-            CreateStreamError, CreateStreamErrorKind, GetStreamError, GetStreamErrorKind,
-            RequestError, RequestErrorKind,
-        };
         let Self::Provision { source, .. } = self else {
             return false;
         };
-        if let Some(err) = source.downcast_ref::<CreateStreamError>() {
-            return match err.kind() {
-                CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable => {
-                    true
-                }
-                CreateStreamErrorKind::JetStream(err) => err.code() == 503,
-                _ => false,
-            };
-        }
-        if let Some(err) = source.downcast_ref::<GetStreamError>() {
-            return match err.kind() {
-                GetStreamErrorKind::Request => true,
-                GetStreamErrorKind::JetStream(err) => err.code() == 503,
-                _ => false,
-            };
-        }
-        if let Some(err) = source.downcast_ref::<RequestError>() {
-            return matches!(
-                err.kind(),
-                RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
-            );
-        }
-        false
+        jetstream_unavailable(source.as_ref())
     }
+}
+
+/// Whether `err`, from a JetStream request that sets up a stream or a
+/// consumer, says JetStream could not answer now (a timeout, no responders,
+/// 503 while a node is stopped or a leader is being elected) rather than
+/// refusing what was asked.
+pub(crate) fn jetstream_unavailable(err: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::context::{
+        CreateStreamError, CreateStreamErrorKind, GetStreamError, GetStreamErrorKind, RequestError,
+        RequestErrorKind,
+    };
+    use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+    if let Some(err) = err.downcast_ref::<CreateStreamError>() {
+        return match err.kind() {
+            CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable => true,
+            CreateStreamErrorKind::JetStream(err) => err.code() == 503,
+            _ => false,
+        };
+    }
+    if let Some(err) = err.downcast_ref::<GetStreamError>() {
+        return match err.kind() {
+            GetStreamErrorKind::Request => true,
+            GetStreamErrorKind::JetStream(err) => err.code() == 503,
+            _ => false,
+        };
+    }
+    if let Some(err) = err.downcast_ref::<ConsumerError>() {
+        return match err.kind() {
+            ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
+            ConsumerErrorKind::JetStream(err) => err.code() == 503,
+            _ => false,
+        };
+    }
+    if let Some(err) = err.downcast_ref::<RequestError>() {
+        return matches!(
+            err.kind(),
+            RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
+        );
+    }
+    false
 }
 
 /// Creates the stream or updates it to `spec`, idempotently. The stream also
@@ -161,4 +175,28 @@ pub async fn check_duplicate_window(
         });
     }
     Ok(window)
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+
+    use super::jetstream_unavailable;
+
+    /// A consumer's set-up that timed out or found no server (a node
+    /// stopped, a leader election) is waited out; one JetStream refused
+    /// is not.
+    #[test]
+    fn a_consumer_set_up_that_jetstream_could_not_answer_is_unavailable() {
+        for kind in [ConsumerErrorKind::TimedOut, ConsumerErrorKind::Request] {
+            assert!(jetstream_unavailable(&ConsumerError::new(kind)));
+        }
+        for kind in [
+            ConsumerErrorKind::InvalidName,
+            ConsumerErrorKind::InvalidConsumerType,
+            ConsumerErrorKind::Other,
+        ] {
+            assert!(!jetstream_unavailable(&ConsumerError::new(kind)));
+        }
+    }
 }

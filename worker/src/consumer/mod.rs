@@ -132,6 +132,16 @@ pub enum ConsumerError {
     },
 }
 
+impl ConsumerError {
+    /// Whether JetStream could not answer the set-up now (a node stopped, a
+    /// leader being elected), as opposed to refusing it: start-up and a
+    /// starting consumer wait the first out.
+    pub fn is_unavailable(&self) -> bool {
+        let Self::Setup { source, .. } = self;
+        crate::streams::jetstream_unavailable(source.as_ref())
+    }
+}
+
 /// Whether a running consumer can take deliveries (see [`Consumer::health`]).
 #[derive(Debug, Clone)]
 pub struct ConsumerHealth {
@@ -240,7 +250,23 @@ impl Consumer {
     /// # Errors
     /// Only set-up failures; message failures are handled per message.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), ConsumerError> {
-        let consumer = self.ensure().await?;
+        // Start-up ensured it already; JetStream may be electing a leader
+        // again by now, which is waited out like any lost stream below.
+        let mut waits = 0u32;
+        let consumer = loop {
+            match self.ensure().await {
+                Ok(consumer) => break consumer,
+                Err(err) if err.is_unavailable() && !cancel.is_cancelled() => {
+                    waits = waits.saturating_add(1);
+                    tracing::warn!(consumer = %self.registration.consumer, error = %err, "JetStream cannot set up the consumer yet; waiting");
+                    tokio::select! {
+                        () = cancel.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5)).delay(waits)) => {}
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+        };
         let permits = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
         let mut inflight = JoinSet::new();
         tracing::info!(consumer = %self.registration.consumer, subject = %self.registration.subject, "consumer started");
