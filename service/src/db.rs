@@ -151,9 +151,14 @@ async fn outside_any_transaction(
         // connection meanwhile.
         unsafe { libsqlite3_sys::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) != 0 }
     };
-    let clean = autocommit && !sea_orm::sqlx::Connection::is_in_transaction(conn);
+    let counted_open = sea_orm::sqlx::Connection::is_in_transaction(conn);
+    let clean = autocommit && !counted_open;
     if !clean {
-        tracing::warn!("closing a SQLite connection left inside a transaction after an error");
+        tracing::warn!(
+            sqlite_in_transaction = !autocommit,
+            sqlx_in_transaction = counted_open,
+            "closing a SQLite connection left inside a transaction after an error"
+        );
     }
     Ok(clean)
 }

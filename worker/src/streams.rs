@@ -89,16 +89,30 @@ pub(crate) fn jetstream_unavailable(err: &(dyn std::error::Error + 'static)) -> 
             _ => false,
         };
     }
-    if let Some(err) = err.downcast_ref::<GetStreamError>() {
-        return match err.kind() {
-            GetStreamErrorKind::Request => true,
+    // A failed request is wrapped as `Request` whatever went wrong; only a
+    // timeout or no responders is JetStream not answering (not a subject
+    // or payload it refused, a closed client, a reply it could not read).
+    let request_unanswered = |err: &(dyn std::error::Error + 'static)| {
+        err.source()
+            .and_then(|source| source.downcast_ref::<RequestError>())
+            .is_some_and(|source| {
+                matches!(
+                    source.kind(),
+                    RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
+                )
+            })
+    };
+    if let Some(get) = err.downcast_ref::<GetStreamError>() {
+        return match get.kind() {
+            GetStreamErrorKind::Request => request_unanswered(err),
             GetStreamErrorKind::JetStream(err) => err.code() == 503,
             _ => false,
         };
     }
-    if let Some(err) = err.downcast_ref::<ConsumerError>() {
-        return match err.kind() {
-            ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
+    if let Some(create) = err.downcast_ref::<ConsumerError>() {
+        return match create.kind() {
+            ConsumerErrorKind::TimedOut => true,
+            ConsumerErrorKind::Request => request_unanswered(err),
             ConsumerErrorKind::JetStream(err) => err.code() == 503,
             _ => false,
         };
@@ -179,18 +193,25 @@ pub async fn check_duplicate_window(
 
 #[cfg(test)]
 mod tests {
+    use async_nats::jetstream::context::{RequestError, RequestErrorKind};
     use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
 
     use super::jetstream_unavailable;
 
     /// A consumer's set-up that timed out or found no server (a node
-    /// stopped, a leader election) is waited out; one JetStream refused
-    /// is not.
+    /// stopped, a leader election) is waited out; one JetStream refused,
+    /// or a request that failed otherwise, is not.
     #[test]
     fn a_consumer_set_up_that_jetstream_could_not_answer_is_unavailable() {
-        for kind in [ConsumerErrorKind::TimedOut, ConsumerErrorKind::Request] {
-            assert!(jetstream_unavailable(&ConsumerError::new(kind)));
-        }
+        let request =
+            |kind| ConsumerError::with_source(ConsumerErrorKind::Request, RequestError::new(kind));
+        assert!(jetstream_unavailable(&ConsumerError::new(
+            ConsumerErrorKind::TimedOut
+        )));
+        assert!(jetstream_unavailable(&request(
+            RequestErrorKind::NoResponders
+        )));
+        assert!(!jetstream_unavailable(&request(RequestErrorKind::Other)));
         for kind in [
             ConsumerErrorKind::InvalidName,
             ConsumerErrorKind::InvalidConsumerType,

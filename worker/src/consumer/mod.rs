@@ -248,7 +248,8 @@ impl Consumer {
     /// finishes and acks the messages in flight, and returns.
     ///
     /// # Errors
-    /// Only set-up failures; message failures are handled per message.
+    /// Only set-up failures other than JetStream being unable to answer
+    /// (waited out); message failures are handled per message.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), ConsumerError> {
         // Start-up ensured it already; JetStream may be electing a leader
         // again by now, which is waited out like any lost stream below.
@@ -256,9 +257,16 @@ impl Consumer {
         let consumer = loop {
             match self.ensure().await {
                 Ok(consumer) => break consumer,
-                Err(err) if err.is_unavailable() && !cancel.is_cancelled() => {
+                Err(err) if err.is_unavailable() => {
+                    if cancel.is_cancelled() {
+                        return Ok(());
+                    }
                     waits = waits.saturating_add(1);
-                    tracing::warn!(consumer = %self.registration.consumer, error = %err, "JetStream cannot set up the consumer yet; waiting");
+                    tracing::warn!(
+                        consumer = %self.registration.consumer,
+                        error = %err,
+                        "JetStream cannot set up the consumer yet; waiting"
+                    );
                     tokio::select! {
                         () = cancel.cancelled() => return Ok(()),
                         () = tokio::time::sleep(service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5)).delay(waits)) => {}
