@@ -12,6 +12,7 @@ mod local;
 mod openapi;
 mod pages;
 mod prometheus;
+mod prometheus_server;
 mod reasons;
 mod replica;
 mod schemathesis;

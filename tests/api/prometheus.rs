@@ -8,8 +8,6 @@
 //! The rules are the shipped ones with shorter waits (`for:` and the range
 //! windows), so a fault fires in seconds, not minutes.
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
@@ -21,220 +19,16 @@ use entity::outbox_message;
 use service::claim::{ClaimOutcome, ClaimPolicy, claim};
 use service::{ConsumerName, Envelope, MessageId, NewEvent, Outbox, OutboxMode};
 
+use crate::prometheus_server::{Prometheus, dashboard_panels_have_data, test_config, test_rules};
 use crate::support::domain::{
     EntryRequest, HOOK_CONSUMER, LEDGER_STREAM, RECORD_SUBJECT, RECORDED_SUBJECT,
 };
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
 use crate::support::webhook::WebhookServer;
-use crate::support::{Backend, TestDb, free_port, http_client, wait_for_stream, wait_until};
-
-fn deploy_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy")
-}
-
-/// The shipped rules with every wait cut to seconds: `for:` to 3 s, the
-/// five-minute and longer range windows to 15 s; and the WAL thresholds
-/// lowered.
-fn test_rules() -> String {
-    let rules = std::fs::read_to_string(deploy_dir().join("prometheus/alerts.yml")).unwrap();
-    let mut out = String::new();
-    for line in rules.lines() {
-        let line = match line.trim_start().strip_prefix("for: ") {
-            Some(_) => format!("{}for: 3s", &line[..line.len() - line.trim_start().len()]),
-            None => line
-                .replace("[5m]", "[15s]")
-                .replace("[15m]", "[15s]")
-                .replace("[1h]", "[15s]"),
-        };
-        out.push_str(&line);
-        out.push('\n');
-    }
-    assert!(out.contains("for: 3s") && !out.contains("[5m]"));
-    // An hour after a lost WAL slot is half a minute here, and a large WAL
-    // backlog 256 MiB instead of 1 GiB.
-    let shorter = out
-        .replace("< 3600", "< 30")
-        .replace("> 1073741824", "> 268435456");
-    assert!(!shorter.contains("< 3600") && !shorter.contains("> 1073741824"));
-    shorter
-}
-
-/// The shipped scrape config with the test's processes as targets, scraped
-/// and evaluated every second.
-fn test_config(targets: &[(&str, Vec<String>)]) -> String {
-    let shipped = std::fs::read_to_string(deploy_dir().join("prometheus/prometheus.yml")).unwrap();
-    let mut out = String::new();
-    let mut job = None;
-    for line in shipped.lines() {
-        let trimmed = line.trim_start();
-        if let Some(name) = trimmed.strip_prefix("- job_name: ") {
-            job = Some(name.to_owned());
-        }
-        if trimmed.starts_with("scrape_interval:") || trimmed.starts_with("evaluation_interval:") {
-            out.push_str(&line.replace("15s", "1s"));
-        } else if trimmed.starts_with("- targets:") {
-            let job = job.as_deref().unwrap();
-            let (_, addrs) = targets
-                .iter()
-                .find(|(name, _)| *name == job)
-                .unwrap_or_else(|| panic!("no targets for the shipped job {job}"));
-            let indent = &line[..line.len() - trimmed.len()];
-            out.push_str(&format!("{indent}- targets: {addrs:?}"));
-        } else {
-            out.push_str(line);
-        }
-        out.push('\n');
-    }
-    out
-}
-
-/// A Prometheus server, killed on drop.
-struct Prometheus {
-    child: std::process::Child,
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Prometheus {
-    fn start(config: &str, rules: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-        std::fs::write(dir.path().join("alerts.yml"), rules).unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-        let child = std::process::Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("prometheus (Debian's prometheus package; scripts/test installs it)");
-        Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Option<Value> {
-        let url = reqwest::Url::parse_with_params(&format!("{}{path}", self.base), query).ok()?;
-        let resp = http_client().get(url).send().await.ok()?;
-        let body: Value = resp.json().await.ok()?;
-        (body["status"] == "success").then(|| body["data"].clone())
-    }
-
-    /// The instant vector `expr` evaluates to now.
-    async fn query(&self, expr: &str) -> Vec<Value> {
-        self.get("/api/v1/query", &[("query", expr)])
-            .await
-            .and_then(|d| d["result"].as_array().cloned())
-            .unwrap_or_default()
-    }
-
-    /// Active alerts as (name, state) pairs.
-    async fn alerts(&self) -> BTreeSet<(String, String)> {
-        self.get("/api/v1/alerts", &[])
-            .await
-            .and_then(|d| d["alerts"].as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .map(|a| {
-                (
-                    a["labels"]["alertname"].as_str().unwrap_or("").to_owned(),
-                    a["state"].as_str().unwrap_or("").to_owned(),
-                )
-            })
-            .collect()
-    }
-
-    async fn active(&self) -> BTreeSet<String> {
-        self.alerts()
-            .await
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect()
-    }
-
-    /// Waits until every alert of `expected` fires, then asserts that no
-    /// other alert is pending or firing.
-    async fn expect_firing(&self, expected: &[&str]) {
-        let (fired, alerts) = self
-            .poll(|alerts: &BTreeSet<(String, String)>| {
-                expected
-                    .iter()
-                    .all(|name| alerts.contains(&((*name).to_owned(), "firing".to_owned())))
-            })
-            .await;
-        assert!(
-            fired,
-            "{expected:?} not all firing; active: {alerts:?}\n{}",
-            self.log()
-        );
-        let active = self.active().await;
-        let wanted: BTreeSet<String> = expected.iter().map(|n| (*n).to_owned()).collect();
-        assert_eq!(active, wanted, "only the fault's alerts are active");
-    }
-
-    /// Waits until exactly the alerts of `expected` are active, all
-    /// firing: for a fault that follows another, whose alerts take a few
-    /// evaluations to resolve.
-    async fn expect_only(&self, expected: &[&str]) {
-        let wanted: BTreeSet<(String, String)> = expected
-            .iter()
-            .map(|name| ((*name).to_owned(), "firing".to_owned()))
-            .collect();
-        let (fired, alerts) = self.poll(|alerts| *alerts == wanted).await;
-        assert!(
-            fired,
-            "not only {expected:?} firing; active: {alerts:?}\n{}",
-            self.log()
-        );
-    }
-
-    /// Waits until no alert is pending or firing.
-    async fn expect_quiet(&self) {
-        let (quiet, alerts) = self.poll(BTreeSet::is_empty).await;
-        assert!(quiet, "alerts still active: {alerts:?}\n{}", self.log());
-    }
-
-    /// Polls the active alerts until `done` holds (up to 90 s): whether it
-    /// did, and the alerts seen last.
-    async fn poll(
-        &self,
-        done: impl Fn(&BTreeSet<(String, String)>) -> bool,
-    ) -> (bool, BTreeSet<(String, String)>) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-        loop {
-            let alerts = self.alerts().await;
-            if done(&alerts) {
-                return (true, alerts);
-            }
-            if tokio::time::Instant::now() > deadline {
-                return (false, alerts);
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-}
+use crate::support::{
+    Backend, TestDb, free_port, http_client, pg_count, wait_for_stream, wait_until,
+};
 
 /// The environment shared by a deployment's processes.
 fn env(
@@ -314,6 +108,20 @@ async fn admin(method: reqwest::Method, base: &str, path: &str) -> Value {
         .unwrap();
     assert!(resp.status().is_success(), "{path}: {}", resp.status());
     resp.json().await.unwrap_or(Value::Null)
+}
+
+/// The first dead letter not replayed yet, as the runbooks list them;
+/// asserts it is `message_id`'s.
+async fn first_open_letter(base: &str, message_id: &str) -> Value {
+    let letters = admin(
+        reqwest::Method::GET,
+        base,
+        "/api/v1/dead-letters?replayed=false",
+    )
+    .await;
+    let letter = letters["items"][0].clone();
+    assert_eq!(letter["message_id"], message_id, "{letters}");
+    letter
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -398,14 +206,7 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
     publish_credits(&js, "around-dead", 40).await;
     prom.expect_firing(&["SeawallDeadLettersGrowing", "SeawallDeadLettersOpen"])
         .await;
-    let letters = admin(
-        reqwest::Method::GET,
-        &base,
-        "/api/v1/dead-letters?replayed=false",
-    )
-    .await;
-    let letter = &letters["items"][0];
-    assert_eq!(letter["message_id"], "prom-unusable", "{letters}");
+    let letter = first_open_letter(&base, "prom-unusable").await;
     admin(
         reqwest::Method::DELETE,
         &base,
@@ -600,14 +401,7 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
         &format!("/api/v1/inbox/{}/release", claim_row["id"]),
     )
     .await;
-    let letters = admin(
-        reqwest::Method::GET,
-        &base,
-        "/api/v1/dead-letters?replayed=false",
-    )
-    .await;
-    let letter = &letters["items"][0];
-    assert_eq!(letter["message_id"], "prom-claim", "{letters}");
+    let letter = first_open_letter(&base, "prom-claim").await;
     admin(
         reqwest::Method::POST,
         &base,
@@ -637,7 +431,7 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
         .unwrap();
     txn.commit().await.unwrap();
     wait_until("the WAL event relayed", Duration::from_secs(30), || async {
-        count_of(&wal_db.db, "SELECT count(*) FROM wal_relay_position").await == 1
+        pg_count(&wal_db.db, "SELECT count(*) FROM wal_relay_position").await == 1
     })
     .await;
     wal_relay.kill9().await;
@@ -655,7 +449,7 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
     // The loss is recorded (and alerted) before the new slot is ready;
     // where it starts is filled in once it is.
     wait_until("the loss completed", Duration::from_secs(30), || async {
-        count_of(
+        pg_count(
             &wal_db.db,
             "SELECT count(*) FROM wal_slot_loss WHERE restarted_at >= relayed_to AND relayed_to > 0",
         )
@@ -741,19 +535,6 @@ BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END 
 CREATE TRIGGER prom_conflict BEFORE INSERT ON ledger_entry
 FOR EACH ROW EXECUTE FUNCTION prom_conflict();";
 
-/// The count a `SELECT count(*) ...` query returns.
-async fn count_of(db: &DatabaseConnection, sql: &str) -> i64 {
-    db.query_one_raw(sea_orm::Statement::from_string(
-        sea_orm::DbBackend::Postgres,
-        sql,
-    ))
-    .await
-    .unwrap()
-    .unwrap()
-    .try_get_by_index::<i64>(0)
-    .unwrap()
-}
-
 /// A ledger request crediting 1 to `account`.
 fn credit_payload(account: &str) -> Vec<u8> {
     serde_json::to_vec(&EntryRequest {
@@ -790,34 +571,4 @@ async fn blocking_sessions_ended(db: &DatabaseConnection) -> usize {
     .await
     .unwrap()
     .len()
-}
-
-/// Every panel query of `deploy/grafana/seawall.json`, with Grafana's
-/// `$__rate_interval` as one minute, returns at least one series.
-async fn dashboard_panels_have_data(prom: &Prometheus) {
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(deploy_dir().join("grafana/seawall.json")).unwrap(),
-    )
-    .unwrap();
-    let exprs: Vec<String> = dashboard["panels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
-        .map(|t| {
-            t["expr"]
-                .as_str()
-                .unwrap()
-                .replace("$__rate_interval", "1m")
-        })
-        .collect();
-    assert!(exprs.len() >= 15, "{exprs:?}");
-    for expr in &exprs {
-        wait_until(
-            &format!("data for the panel query {expr}"),
-            Duration::from_secs(30),
-            || async { !prom.query(expr).await.is_empty() },
-        )
-        .await;
-    }
 }

@@ -36,28 +36,15 @@ impl StoppedPrimary {
             .to_owned();
         patronictl(&config, &["pause", "--wait"]);
         let stopped = Self { config };
-        // From `/`: pg_ctl running as postgres cannot return to a checkout
-        // under a directory only root can enter.
-        let status = Command::new("setpriv")
-            .current_dir("/")
-            .args([
-                "--reuid=postgres",
-                "--regid=postgres",
-                "--init-groups",
-                "--",
-            ])
-            .arg("/usr/lib/postgresql/15/bin/pg_ctl")
-            .args([
-                "-D",
-                &format!("{dir}/{leader}/data"),
-                "-m",
-                "fast",
-                "-w",
-                "stop",
-            ])
-            .status()
-            .expect("pg_ctl");
-        assert!(status.success(), "stopping the leader's PostgreSQL");
+        crate::support::postgres::as_postgres(&[
+            &format!("{}/pg_ctl", crate::support::postgres::BIN),
+            "-D",
+            &format!("{dir}/{leader}/data"),
+            "-m",
+            "fast",
+            "-w",
+            "stop",
+        ]);
         stopped
     }
 }

@@ -186,14 +186,7 @@ async fn a_read_only_mariadb_dead_letters_nothing() {
 async fn a_full_disk_under_sqlite_dead_letters_nothing() {
     let disk = SmallDisk::mount(64);
     let t = crate::support::TestDb::sqlite_in(disk.path()).await;
-    let nats = crate::support::nats::NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(
-        &js,
-        &crate::helpers::ledger_stream(Duration::from_secs(120)),
-    )
-    .await
-    .unwrap();
+    let (nats, js) = crate::helpers::ledger_nats().await;
     let consume = consume(&t.url, &nats.url()).await;
     // An empty write-ahead log, so the next commit needs room it cannot get.
     wait_until("the WAL truncated", Duration::from_secs(30), || async {

@@ -27,12 +27,19 @@ pub fn ledger_stream(window: Duration) -> StreamSpec {
 /// nats-server, and the LEDGER stream with a two-minute duplicate window.
 pub async fn with_ledger_stream(backend: Backend) -> (TestDb, NatsServer, jetstream::Context) {
     let t = TestDb::new(backend).await;
+    let (nats, js) = ledger_nats().await;
+    (t, nats, js)
+}
+
+/// A nats-server of the test's own with the ledger stream (a 120 s
+/// duplicate window), for a database the test makes itself.
+pub async fn ledger_nats() -> (NatsServer, jetstream::Context) {
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
     worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(120)))
         .await
         .unwrap();
-    (t, nats, js)
+    (nats, js)
 }
 
 /// Environment for a `seawall` process.

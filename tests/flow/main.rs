@@ -19,3 +19,4 @@ mod relay_edges;
 mod replay;
 mod shutdown;
 mod wal;
+mod wal_slot;

@@ -18,7 +18,11 @@ use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb, rows, wait_until};
 
 /// `extra` plus WAL mode, for a process on `t` and `nats_url`.
-fn wal_env(t: &TestDb, nats_url: &str, extra: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+pub(crate) fn wal_env(
+    t: &TestDb,
+    nats_url: &str,
+    extra: &[(&str, &str)],
+) -> Vec<(&'static str, String)> {
     let mut all = vec![("SEAWALL_OUTBOX_MODE", "wal")];
     all.extend_from_slice(extra);
     env(&t.url, nats_url, &all)
@@ -47,7 +51,7 @@ fn drop_slot(t: &TestDb) {
 }
 
 /// Writes `events` in one transaction, in WAL mode.
-async fn commit_events(db: &DatabaseConnection, events: Vec<NewEvent>) {
+pub(crate) async fn commit_events(db: &DatabaseConnection, events: Vec<NewEvent>) {
     let txn = db.begin().await.unwrap();
     Outbox::new(OutboxMode::Wal)
         .enqueue_all(&txn, events)
@@ -56,7 +60,7 @@ async fn commit_events(db: &DatabaseConnection, events: Vec<NewEvent>) {
     txn.commit().await.unwrap();
 }
 
-fn recorded(id: &str, key: Option<&str>) -> NewEvent {
+pub(crate) fn recorded(id: &str, key: Option<&str>) -> NewEvent {
     let event = NewEvent::new(RECORDED_SUBJECT, format!("{{\"id\":\"{id}\"}}")).with_message_id(id);
     match key {
         Some(key) => event.with_ordering_key(key),
@@ -281,7 +285,7 @@ struct ActivePid {
 }
 
 /// The backend pid streaming the test's slot, if a relay holds it.
-async fn slot_holder(t: &TestDb) -> Option<i32> {
+pub(crate) async fn slot_holder(t: &TestDb) -> Option<i32> {
     ActivePid::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1",
@@ -291,166 +295,6 @@ async fn slot_holder(t: &TestDb) -> Option<i32> {
     .await
     .unwrap()
     .and_then(|r| r.pid)
-}
-
-/// A count from `sql` on `t`.
-async fn count_of(t: &TestDb, sql: &str) -> i64 {
-    t.db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
-        .await
-        .unwrap()
-        .unwrap()
-        .try_get_by_index::<i64>(0)
-        .unwrap()
-}
-
-/// PostgreSQL invalidates the slot (`max_slot_wal_keep_size`, on a server
-/// of the test's own) while its relay is stopped, so it refuses to decode
-/// from it for good: the relay started again drops and makes it again,
-/// records the loss from the position it had relayed to, and relays every
-/// event written after. Then the same while a relay runs but lags.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_invalidated_slot_is_made_again_and_its_loss_recorded() {
-    let pg = crate::support::postgres::PrivatePostgres::start(&[
-        "wal_level=logical",
-        "max_slot_wal_keep_size=1MB",
-        "max_wal_size=64MB",
-    ]);
-    let t = TestDb::on_postgres(&pg.url).await;
-    let nats = crate::support::nats::NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(
-        &js,
-        &crate::helpers::ledger_stream(Duration::from_secs(120)),
-    )
-    .await
-    .unwrap();
-    let cfg = wal_env(&t, &nats.url(), &[]);
-    let mut relay = Seawall::spawn(&["relay"], &cfg);
-    wait_until(
-        "the relay holds the slot",
-        Duration::from_secs(30),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
-    commit_events(
-        &t.db,
-        (0..10)
-            .map(|i| recorded(&format!("before-{i}"), None))
-            .collect(),
-    )
-    .await;
-    wait_until("its position recorded", Duration::from_secs(30), || async {
-        count_of(&t, "SELECT count(*) FROM wal_relay_position").await == 1
-    })
-    .await;
-    assert!(relay.terminate().await.success(), "{}", relay.log_text());
-    invalidate(&t).await;
-    let mut relay = Seawall::spawn(&["relay"], &cfg);
-    wait_until(
-        "the relay holds a slot again",
-        Duration::from_secs(30),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
-    commit_events(
-        &t.db,
-        (0..10)
-            .map(|i| recorded(&format!("after-{i}"), None))
-            .collect(),
-    )
-    .await;
-    wait_until(
-        "the events after relayed",
-        Duration::from_secs(60),
-        || async {
-            stored_on(&js, RECORDED_SUBJECT)
-                .await
-                .iter()
-                .filter(|(id, _)| id.starts_with("after-"))
-                .count()
-                == 10
-        },
-    )
-    .await;
-    let losses =
-        "SELECT count(*) FROM wal_slot_loss WHERE relayed_to > 0 AND restarted_at > relayed_to";
-    assert_eq!(count_of(&t, losses).await, 1);
-    assert!(
-        relay.log_text().contains("relayed_to="),
-        "{}",
-        relay.log_text()
-    );
-
-    // The same under a running relay that has fallen behind (frozen here):
-    // PostgreSQL ends its session to invalidate the slot, and the relay,
-    // going on, finds it lost and makes it again.
-    wait_until(
-        "the events after recorded",
-        Duration::from_secs(30),
-        || async { count_of(&t, "SELECT count(*) FROM wal_relay_position").await == 1 },
-    )
-    .await;
-    relay.freeze();
-    invalidate(&t).await;
-    relay.thaw();
-    wait_until(
-        "the loss under the relay recorded",
-        Duration::from_secs(60),
-        || async { count_of(&t, losses).await == 2 },
-    )
-    .await;
-    wait_until(
-        "the relay holds a slot again",
-        Duration::from_secs(30),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
-    commit_events(
-        &t.db,
-        (0..10)
-            .map(|i| recorded(&format!("later-{i}"), None))
-            .collect(),
-    )
-    .await;
-    wait_until(
-        "the events later relayed",
-        Duration::from_secs(60),
-        || async {
-            stored_on(&js, RECORDED_SUBJECT)
-                .await
-                .iter()
-                .filter(|(id, _)| id.starts_with("later-"))
-                .count()
-                == 10
-        },
-    )
-    .await;
-    let log = relay.log_text();
-    assert!(relay.terminate().await.success(), "{log}");
-    relay.assert_no_panic();
-}
-
-/// Writes WAL far past what the slot may keep, and checkpoints until the
-/// server has removed WAL the slot needs (its `wal_status` is `lost`).
-async fn invalidate(t: &TestDb) {
-    t.db.execute_unprepared(
-        "DROP TABLE IF EXISTS ballast; \
-         CREATE TABLE ballast AS SELECT repeat('x', 1000) AS b FROM generate_series(1, 60000)",
-    )
-    .await
-    .unwrap();
-    wait_until("the slot invalidated", Duration::from_secs(60), || async {
-        t.db.execute_unprepared("SELECT pg_switch_wal(); CHECKPOINT")
-            .await
-            .unwrap();
-        count_of(
-            t,
-            "SELECT count(*) FROM pg_replication_slots WHERE wal_status = 'lost'",
-        )
-        .await
-            == 1
-    })
-    .await;
 }
 
 /// Two relays on one slot: the first holds it, the second waits. The first

@@ -131,6 +131,16 @@ impl TestDb {
     }
 }
 
+/// The number a PostgreSQL `SELECT count(*) ...` query `sql` returns.
+pub async fn pg_count(db: &DatabaseConnection, sql: &str) -> i64 {
+    db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
+        .await
+        .expect("count query")
+        .expect("a row")
+        .try_get_by_index::<i64>(0)
+        .expect("a count")
+}
+
 /// Published events and processed messages in the stats' throughput
 /// chart, each summed over its minutes.
 pub async fn charted(db: &DatabaseConnection) -> (u64, u64) {

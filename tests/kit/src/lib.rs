@@ -47,7 +47,7 @@ pub mod webhook;
 #[cfg(feature = "harness")]
 pub use binary::{fails_naming, seawall_output};
 #[cfg(feature = "harness")]
-pub use db::{Backend, TestDb, backend_named, charted, connect, server_url};
+pub use db::{Backend, TestDb, backend_named, charted, connect, pg_count, server_url};
 #[cfg(feature = "harness")]
 pub use net::{free_port, http_client};
 #[cfg(feature = "harness")]

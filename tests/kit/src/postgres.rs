@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::net::free_port;
 
 /// Where Debian's PostgreSQL 15 keeps its server programs.
-const BIN: &str = "/usr/lib/postgresql/15/bin";
+pub const BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// A running server in a temporary directory, stopped (and removed) on
 /// drop. Durability is off, as on the shared server.
@@ -75,6 +75,7 @@ fn data_of(dir: &tempfile::TempDir) -> String {
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
+        // Not `as_postgres`: a failed stop must not panic during a panic.
         let _ = Command::new("setpriv")
             .current_dir("/")
             .args([
@@ -91,7 +92,7 @@ impl Drop for PrivatePostgres {
 
 /// Runs `args` as the postgres user, from `/` (a checkout only root can
 /// enter is no working directory for it), and asserts it succeeded.
-fn as_postgres(args: &[&str]) {
+pub fn as_postgres(args: &[&str]) {
     let out = Command::new("setpriv")
         .current_dir("/")
         .args([

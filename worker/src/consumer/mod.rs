@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull};
+use async_nats::jetstream;
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -34,13 +34,16 @@ use tracing::Instrument;
 
 use service::classify::Blame;
 use service::dead_letter::REPLAY_OF_HEADER;
-use service::{BoxError, ConsumerName, Envelope, HandlerKind, Inbox, Registration};
+use service::{ConsumerName, Envelope, HandlerKind, Inbox, Registration};
 
 mod effect;
 mod hold;
 mod measure;
 mod outage;
 mod settle;
+mod setup;
+
+pub use setup::ConsumerError;
 
 use hold::Resource;
 use outage::Outage;
@@ -115,33 +118,6 @@ impl ConsumerConfig {
     }
 }
 
-/// Consumer start-up failing.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConsumerError {
-    /// The durable consumer could not be created or read.
-    #[error("JetStream consumer {consumer} on stream {stream} could not be set up")]
-    Setup {
-        /// Consumer.
-        consumer: ConsumerName,
-        /// Stream.
-        stream: String,
-        /// The JetStream client's error.
-        #[source]
-        source: BoxError,
-    },
-}
-
-impl ConsumerError {
-    /// Whether JetStream could not answer the set-up now (a node stopped, a
-    /// leader being elected), as opposed to refusing it: start-up and a
-    /// starting consumer wait the first out.
-    pub fn is_unavailable(&self) -> bool {
-        let Self::Setup { source, .. } = self;
-        crate::streams::jetstream_unavailable(source.as_ref())
-    }
-}
-
 /// Whether a running consumer can take deliveries (see [`Consumer::health`]).
 #[derive(Debug, Clone)]
 pub struct ConsumerHealth {
@@ -203,47 +179,6 @@ impl Consumer {
         }
     }
 
-    fn setup_error(&self, source: impl Into<BoxError>) -> ConsumerError {
-        ConsumerError::Setup {
-            consumer: self.registration.consumer.clone(),
-            stream: self.config.stream.clone(),
-            source: source.into(),
-        }
-    }
-
-    /// Creates or updates the durable pull consumer (shared by every process
-    /// running this consumer). JetStream's own delivery limit is off
-    /// (`max_deliver = -1`), also on a consumer an earlier version created
-    /// with a limit: a delivery the process never settled must come back, so
-    /// the application can decide from the delivery count.
-    ///
-    /// # Errors
-    /// [`ConsumerError::Setup`].
-    pub async fn ensure(
-        &self,
-    ) -> Result<jetstream::consumer::Consumer<pull::Config>, ConsumerError> {
-        let stream = self
-            .js
-            .get_stream(&self.config.stream)
-            .await
-            .map_err(|e| self.setup_error(e))?;
-        let name = self.registration.consumer.to_string();
-        stream
-            .create_consumer(pull::Config {
-                durable_name: Some(name),
-                // Its subject, and its own replay subject: a dead letter
-                // replayed there reaches this consumer and no other.
-                filter_subjects: vec![self.registration.subject.clone(), self.replay_subject()],
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: self.config.ack_wait,
-                max_deliver: -1,
-                max_ack_pending: i64::try_from(self.config.concurrency * 64).unwrap_or(10_000),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| self.setup_error(e))
-    }
-
     /// Pulls and handles messages until `cancel` fires, then stops pulling,
     /// finishes and acks the messages in flight, and returns.
     ///
@@ -251,29 +186,8 @@ impl Consumer {
     /// Only set-up failures other than JetStream being unable to answer
     /// (waited out); message failures are handled per message.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), ConsumerError> {
-        // Start-up ensured it already; JetStream may be electing a leader
-        // again by now, which is waited out like any lost stream below.
-        let mut waits = 0u32;
-        let consumer = loop {
-            match self.ensure().await {
-                Ok(consumer) => break consumer,
-                Err(err) if err.is_unavailable() => {
-                    if cancel.is_cancelled() {
-                        return Ok(());
-                    }
-                    waits = waits.saturating_add(1);
-                    tracing::warn!(
-                        consumer = %self.registration.consumer,
-                        error = %err,
-                        "JetStream cannot set up the consumer yet; waiting"
-                    );
-                    tokio::select! {
-                        () = cancel.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5)).delay(waits)) => {}
-                    }
-                }
-                Err(err) => return Err(err),
-            }
+        let Some(consumer) = self.ensure_waiting(&cancel).await? else {
+            return Ok(());
         };
         let permits = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
         let mut inflight = JoinSet::new();

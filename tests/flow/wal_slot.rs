@@ -1,0 +1,120 @@
+//! A WAL slot lost under seawall: dropped, or invalidated by
+//! `max_slot_wal_keep_size` (PostgreSQL then refuses to decode from it for
+//! good). Run on a PostgreSQL server of the test's own, since the setting
+//! would invalidate every lagging slot on the shared one.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use sea_orm::ConnectionTrait;
+
+use crate::helpers::stored_on;
+use crate::support::domain::RECORDED_SUBJECT;
+use crate::support::postgres::PrivatePostgres;
+use crate::support::process::Seawall;
+use crate::support::{TestDb, pg_count, wait_until};
+use crate::wal::{commit_events, recorded, slot_holder, wal_env};
+
+/// Losses recorded with both positions, the new slot after the old.
+const LOSSES: &str =
+    "SELECT count(*) FROM wal_slot_loss WHERE relayed_to > 0 AND restarted_at > relayed_to";
+
+/// PostgreSQL invalidates the slot while its relay is stopped: the relay
+/// started again drops and makes it again, records the loss from the
+/// position it had relayed to, and relays every event written after. Then
+/// the same while a relay runs but lags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_invalidated_slot_is_made_again_and_its_loss_recorded() {
+    let pg = PrivatePostgres::start(&[
+        "wal_level=logical",
+        "max_slot_wal_keep_size=1MB",
+        "max_wal_size=64MB",
+    ]);
+    let t = TestDb::on_postgres(&pg.url).await;
+    let (nats, js) = crate::helpers::ledger_nats().await;
+    let cfg = wal_env(&t, &nats.url(), &[]);
+    let mut relay = Seawall::spawn(&["relay"], &cfg);
+    relays_after_its_slot(&t, &js, "before").await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    invalidate(&t).await;
+    let mut relay = Seawall::spawn(&["relay"], &cfg);
+    relays_after_its_slot(&t, &js, "after").await;
+    assert_eq!(pg_count(&t.db, LOSSES).await, 1);
+    assert!(
+        relay.log_text().contains("relayed_to="),
+        "{}",
+        relay.log_text()
+    );
+
+    // The same under a running relay that has fallen behind (frozen here):
+    // PostgreSQL ends its session to invalidate the slot, and the relay,
+    // going on, finds it lost and makes it again.
+    relay.freeze();
+    invalidate(&t).await;
+    relay.thaw();
+    wait_until(
+        "the loss under the relay recorded",
+        Duration::from_secs(60),
+        || async { pg_count(&t.db, LOSSES).await == 2 },
+    )
+    .await;
+    relays_after_its_slot(&t, &js, "later").await;
+    let log = relay.log_text();
+    assert!(relay.terminate().await.success(), "{log}");
+    relay.assert_no_panic();
+}
+
+/// Once a relay holds a slot, ten events committed with ids `prefix-N`
+/// reach the stream and the relay records its position.
+async fn relays_after_its_slot(t: &TestDb, js: &jetstream::Context, prefix: &str) {
+    wait_until(
+        "a relay holds the slot",
+        Duration::from_secs(30),
+        || async { slot_holder(t).await.is_some() },
+    )
+    .await;
+    let events = (0..10)
+        .map(|i| recorded(&format!("{prefix}-{i}"), None))
+        .collect();
+    commit_events(&t.db, events).await;
+    wait_until(
+        &format!("the {prefix} events relayed"),
+        Duration::from_secs(60),
+        || async {
+            stored_on(js, RECORDED_SUBJECT)
+                .await
+                .iter()
+                .filter(|(id, _)| id.starts_with(&format!("{prefix}-")))
+                .count()
+                == 10
+        },
+    )
+    .await;
+    wait_until("its position recorded", Duration::from_secs(30), || async {
+        pg_count(&t.db, "SELECT count(*) FROM wal_relay_position").await == 1
+    })
+    .await;
+}
+
+/// Writes WAL far past what the slot may keep, and checkpoints until the
+/// server has removed WAL the slot needs (its `wal_status` is `lost`).
+async fn invalidate(t: &TestDb) {
+    t.db.execute_unprepared(
+        "DROP TABLE IF EXISTS ballast; \
+         CREATE TABLE ballast AS SELECT repeat('x', 1000) AS b FROM generate_series(1, 60000)",
+    )
+    .await
+    .unwrap();
+    wait_until("the slot invalidated", Duration::from_secs(60), || async {
+        t.db.execute_unprepared("SELECT pg_switch_wal(); CHECKPOINT")
+            .await
+            .unwrap();
+        pg_count(
+            &t.db,
+            "SELECT count(*) FROM pg_replication_slots WHERE wal_status = 'lost'",
+        )
+        .await
+            == 1
+    })
+    .await;
+}
