@@ -35,7 +35,7 @@ fn slot_of(t: &TestDb) -> String {
 
 /// Drops the test's slot with `seawall relay --drop-slot`, so the shared
 /// server does not keep its WAL.
-fn drop_slot(t: &TestDb) {
+pub(crate) fn drop_slot(t: &TestDb) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"))
         .args(["relay", "--drop-slot"])
         .env("SEAWALL_DATABASE_URL", &t.url)
@@ -284,11 +284,15 @@ struct ActivePid {
     pid: Option<i32>,
 }
 
-/// The backend pid streaming the test's slot, if a relay holds it.
+/// The backend pid streaming the test's slot, if a relay holds it. A slot
+/// still being made is held too, by the backend making it, and has no
+/// confirmed position until it decodes what commits: that one is not a
+/// relay's.
 pub(crate) async fn slot_holder(t: &TestDb) -> Option<i32> {
     ActivePid::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1",
+        "SELECT active_pid AS pid FROM pg_replication_slots \
+         WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL",
         [slot_of(t).into()],
     ))
     .one(&t.db)

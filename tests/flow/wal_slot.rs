@@ -1,7 +1,8 @@
-//! A WAL slot lost under seawall: dropped, or invalidated by
-//! `max_slot_wal_keep_size` (PostgreSQL then refuses to decode from it for
-//! good). Run on a PostgreSQL server of the test's own, since the setting
-//! would invalidate every lagging slot on the shared one.
+//! A WAL slot's life: made by the first WAL-mode process while other
+//! clients write, and lost under seawall (dropped, or invalidated by
+//! `max_slot_wal_keep_size`, after which PostgreSQL refuses to decode from
+//! it for good; run on a PostgreSQL server of the test's own, since the
+//! setting would invalidate every lagging slot on the shared one).
 
 use std::time::Duration;
 
@@ -10,10 +11,90 @@ use sea_orm::ConnectionTrait;
 
 use crate::helpers::stored_on;
 use crate::support::domain::RECORDED_SUBJECT;
-use crate::support::postgres::PrivatePostgres;
+use crate::support::postgres::{BIN, PrivatePostgres};
 use crate::support::process::Seawall;
-use crate::support::{TestDb, pg_count, wait_until};
-use crate::wal::{commit_events, recorded, slot_holder, wal_env};
+use crate::support::{Backend, TestDb, pg_count, wait_until};
+use crate::wal::{commit_events, drop_slot, recorded, slot_holder, wal_env};
+
+/// The first WAL-mode process makes the slot while four `pgbench` clients
+/// commit single-row inserts as fast as they can. A change committed after
+/// the slot's start is decoded against the publication as it was then: a
+/// slot made before its publication meets a change it cannot decode ("the
+/// publication does not exist") and never gets past it. Every event
+/// committed once the relay holds the slot is relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_first_relay_starts_under_busy_writers() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let (nats, js) = crate::helpers::ledger_nats().await;
+    t.db.execute_unprepared("CREATE TABLE busy (id bigserial PRIMARY KEY, v int)")
+        .await
+        .unwrap();
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(script.path(), "INSERT INTO busy (v) VALUES (1);\n").unwrap();
+    let writers = Writers(
+        std::process::Command::new(format!("{BIN}/pgbench"))
+            .args(["-n", "-c", "4", "-j", "2", "-T", "600", "-f"])
+            .arg(script.path())
+            .arg(&t.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the writers commit", Duration::from_secs(30), || async {
+        pg_count(&t.db, "SELECT count(*) FROM busy").await > 1000
+    })
+    .await;
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    // The slot's creation waits for the writers' transactions running at
+    // its start, which takes a few of PostgreSQL's 15 s snapshots.
+    wait_until(
+        "a relay holds the slot",
+        Duration::from_secs(120),
+        || async { slot_holder(&t).await.is_some() },
+    )
+    .await;
+    for batch in 0..20 {
+        let events = (0..10)
+            .map(|i| recorded(&format!("busy-{batch}-{i}"), None))
+            .collect();
+        commit_events(&t.db, events).await;
+    }
+    let relayed = || async {
+        stored_on(&js, RECORDED_SUBJECT)
+            .await
+            .iter()
+            .filter(|(id, _)| id.starts_with("busy-"))
+            .count()
+    };
+    let all = tokio::time::timeout(Duration::from_secs(120), async {
+        while relayed().await < 200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        all.is_ok(),
+        "{} of 200 events relayed; the relay's log:\n{}",
+        relayed().await,
+        relay.log_text()
+    );
+    drop(writers);
+    let log = relay.log_text();
+    assert!(relay.terminate().await.success(), "{log}");
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// `pgbench`, stopped when the test ends however it ends.
+struct Writers(std::process::Child);
+
+impl Drop for Writers {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 /// Losses recorded with both positions, the new slot after the old.
 const LOSSES: &str =

@@ -121,8 +121,8 @@ async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>
     .await
 }
 
-/// Checks that the server can run the WAL relay and creates its slot and
-/// publication when missing. Several relays starting at once create them
+/// Checks that the server can run the WAL relay and creates its
+/// publication, then its slot, when missing. Several relays starting at once create them
 /// once.
 ///
 /// A slot that PostgreSQL invalidated (`wal_status = 'lost'`) is dropped
@@ -143,6 +143,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
         return Err(SlotError::WalLevel(level));
     }
     let database = one_text(db, "SELECT current_database()::text AS value").await?;
+    publication(db, slot).await?;
     // Nothing can be decoded from an invalidated slot any more. Dropped
     // only while it is still the lost one: another relay may have made a
     // new one of the same name meanwhile.
@@ -214,24 +215,38 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
             problem,
         });
     }
-    // An empty publication: logical messages reach the slot whatever the
-    // publication holds, and no table's changes are decoded for nothing.
-    let exists = one_text(
-        db,
-        &format!("SELECT count(*)::text AS value FROM pg_publication WHERE pubname = '{slot}'"),
-    )
-    .await?;
-    if exists == "0" {
-        let created = db
-            .execute_unprepared(&format!("CREATE PUBLICATION {slot}"))
-            .await;
-        if let Err(err) = created
-            && !err.to_string().contains("already exists")
-        {
-            return Err(err.into());
-        }
-    }
     Ok(loss)
+}
+
+/// Creates the slot's publication when missing. It must exist before the
+/// slot does: pgoutput looks it up in the catalog as of each change it
+/// decodes, so a change committed between the slot's start and the
+/// publication's creation (by any client, on any table) fails to decode
+/// with "publication does not exist" every time the slot is read, and the
+/// slot never gets past it.
+///
+/// The publication is empty: logical messages reach the slot whatever it
+/// holds, and no table's changes are sent for nothing.
+async fn publication(db: &DatabaseConnection, slot: &str) -> Result<(), DbErr> {
+    let exists = || async {
+        one_text(
+            db,
+            &format!("SELECT count(*)::text AS value FROM pg_publication WHERE pubname = '{slot}'"),
+        )
+        .await
+        .map(|n| n != "0")
+    };
+    if exists().await? {
+        return Ok(());
+    }
+    match db
+        .execute_unprepared(&format!("CREATE PUBLICATION {slot}"))
+        .await
+    {
+        // Another process may have made it meanwhile.
+        Err(err) if !exists().await? => Err(err),
+        _ => Ok(()),
+    }
 }
 
 /// Completes the losses of `slot` not completed yet (this call's, or one

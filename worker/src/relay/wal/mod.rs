@@ -137,7 +137,7 @@ pub struct WalRelay {
     db: DatabaseConnection,
     js: jetstream::Context,
     config: WalRelayConfig,
-    /// Set when a session takes the slot: the reconnect backoff starts over.
+    /// Set when a session relays a window: the reconnect backoff starts over.
     held: std::sync::atomic::AtomicBool,
 }
 
@@ -183,6 +183,11 @@ impl WalRelay {
                     }
                     failures = failures.saturating_add(1);
                     metrics::gauge!("seawall_wal_relay_active").set(0.0);
+                    if let WalError::Replication(e) = &err
+                        && server_sqlstate(e) == Some(UNDEFINED_OBJECT)
+                    {
+                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed");
+                    }
                     tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
                     // The slot may be what failed: dropped, or invalidated
                     // under running writers (PostgreSQL then refuses to
@@ -223,16 +228,13 @@ impl WalRelay {
         let mut client = ReplicationClient::connect_gated(config).await?;
         client.start().await?;
         if let Err(err) = client.wait_started().await {
-            // SQLSTATE 55006 (object in use): another session holds the slot.
-            let text = err.to_string();
-            if text.contains("is active for PID") || text.contains("55006") {
+            if server_sqlstate(&err) == Some(OBJECT_IN_USE) {
                 return Err(WalError::Standby(self.config.slot.clone()));
             }
             return Err(err.into());
         }
         tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
         metrics::gauge!("seawall_wal_relay_active").set(1.0);
-        self.held.store(true, std::sync::atomic::Ordering::Relaxed);
         let stop = cancel.child_token();
         // Whichever way the session ends, the reader stops and lets the slot go.
         let _stop_reader = stop.clone().drop_guard();
@@ -254,6 +256,10 @@ impl WalRelay {
             };
             let waited = started.elapsed();
             self.relay_window(&window, cancel).await?;
+            // A session that relays a window starts the reconnect backoff
+            // over; one that fails before (a slot it cannot decode) backs
+            // off further each time.
+            self.held.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::debug!(
                 events = window.events.len(),
                 wait_ms = waited.as_secs_f64() * 1e3,
@@ -424,6 +430,25 @@ impl WalRelay {
     }
 }
 
+/// SQLSTATE `object_in_use`: another session streams from the slot.
+const OBJECT_IN_USE: &str = "55006";
+
+/// SQLSTATE `undefined_object`: decoding met a change it must look the
+/// slot's publication up for, and the publication did not exist then.
+const UNDEFINED_OBJECT: &str = "42704";
+
+/// The SQLSTATE of an error the server sent on the replication connection
+/// (which pgwire-replication appends to its text as `(SQLSTATE xxxxx)`):
+/// errors are told apart by it, not by their wording, which follows the
+/// server's `lc_messages`.
+fn server_sqlstate(err: &PgWireError) -> Option<&str> {
+    let PgWireError::Server(text) = err else {
+        return None;
+    };
+    let code = text.strip_suffix(')')?.rsplit_once("(SQLSTATE ")?.1;
+    (code.len() == 5 && code.bytes().all(|b| b.is_ascii_alphanumeric())).then_some(code)
+}
+
 /// Splits `events` into those that must queue in the table behind a held
 /// key, and chains to publish: one per ordering key (in order), one per
 /// key-less event.
@@ -449,6 +474,17 @@ mod tests {
     use chrono::Utc;
 
     use super::*;
+
+    #[test]
+    fn server_errors_are_told_apart_by_their_sqlstate() {
+        let server = |text: &str| PgWireError::Server(text.into());
+        let in_use = server("le slot « s » est actif pour le PID 7 (SQLSTATE 55006)");
+        assert_eq!(server_sqlstate(&in_use), Some(OBJECT_IN_USE));
+        assert_eq!(server_sqlstate(&server("no code")), None);
+        assert_eq!(server_sqlstate(&server("odd (SQLSTATE 5)")), None);
+        let io = PgWireError::Protocol("(SQLSTATE 55006)".into());
+        assert_eq!(server_sqlstate(&io), None);
+    }
 
     #[test]
     fn held_keys_queue_and_other_keys_chain_in_order() {
