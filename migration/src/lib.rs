@@ -33,6 +33,7 @@ mod m20261201_000011_create_throughput_minute;
 mod m20261201_000012_create_wal_relay_position;
 mod m20261202_000013_unbounded_received_subjects;
 mod m20261202_000014_create_wal_slot_loss;
+mod m20261203_000015_add_wal_relay_progress;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -100,6 +101,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000012_create_wal_relay_position::Migration),
             Box::new(m20261202_000013_unbounded_received_subjects::Migration),
             Box::new(m20261202_000014_create_wal_slot_loss::Migration),
+            Box::new(m20261203_000015_add_wal_relay_progress::Migration),
         ];
         // The domain's tables come after the platform's: sea-orm records
         // each migration by name, so the order only matters on a fresh

@@ -65,6 +65,7 @@ impl Settings {
             ("sweep_interval_ms", self.sweep_interval_ms),
             ("claim_lease_ms", self.claim_lease_ms),
             ("claim_max_attempts", self.claim_max_attempts),
+            ("wal_window", self.wal_window),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be at least 1"));

@@ -20,3 +20,4 @@ mod replay;
 mod shutdown;
 mod wal;
 mod wal_slot;
+mod wal_windows;

@@ -29,7 +29,7 @@ pub(crate) fn wal_env(
 }
 
 /// The slot seawall names after the test's database.
-fn slot_of(t: &TestDb) -> String {
+pub(crate) fn slot_of(t: &TestDb) -> String {
     worker::relay::wal::default_slot_name(&t.url)
 }
 

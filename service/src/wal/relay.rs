@@ -4,7 +4,7 @@
 //! the table, dead letters, the minute's count and the relay's position).
 //! The relay's replication stream and publishing are `worker::relay::wal`'s.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::Utc;
 use sea_orm::sea_query::OnConflict;
@@ -23,27 +23,63 @@ use crate::state::OutboxState;
 /// could not decode, and events reusing another event's message id.
 pub const UNDECODABLE_CONSUMER: &str = "wal-relay";
 
-/// Where the relays of `slot` durably got to (an LSN as a number), if
-/// anywhere.
+/// Where the relays of a slot durably got to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Position {
+    /// The end of the last window published whole (an LSN as a number):
+    /// a session starts there, and the server skips what committed before.
+    pub lsn: Option<u64>,
+    /// A transaction after `lsn` published in part.
+    pub partial: Option<Partial>,
+}
+
+/// A transaction the relay published in part: it is decoded again from its
+/// start after a restart (the slot is confirmed only at commits), and its
+/// first `messages` seawall messages are skipped then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partial {
+    /// The transaction's commit position (pgoutput's `final_lsn`).
+    pub commit: u64,
+    /// How many of its seawall messages, in the order decoded, are done:
+    /// their events published or handed to the table (a piece ends at a
+    /// message, so a message is the unit).
+    pub messages: u64,
+}
+
+/// Where the relays of `slot` durably got to.
 ///
 /// # Errors
 /// The database error.
-pub async fn position(db: &DatabaseConnection, slot: &str) -> Result<Option<u64>, DbErr> {
+pub async fn position(db: &DatabaseConnection, slot: &str) -> Result<Position, DbErr> {
     let row = db
         .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             // A position past the server's WAL is another cluster's
             // (a restored dump): starting there would skip events.
-            "SELECT lsn FROM wal_relay_position WHERE slot = $1 \
+            "SELECT lsn, txn_lsn, txn_messages FROM wal_relay_position WHERE slot = $1 \
              AND lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
             [slot.into()],
         ))
         .await?;
-    Ok(match row {
-        Some(row) => Some(u64::try_from(row.try_get::<i64>("", "lsn")?).unwrap_or(0)),
-        None => None,
+    let Some(row) = row else {
+        return Ok(Position::default());
+    };
+    let number = |v: i64| u64::try_from(v).unwrap_or(0);
+    let lsn = number(row.try_get::<i64>("", "lsn")?);
+    let commit = row.try_get::<Option<i64>>("", "txn_lsn")?.map(number);
+    let messages = number(row.try_get::<i64>("", "txn_messages")?);
+    Ok(Position {
+        lsn: Some(lsn),
+        // A transaction at or before `lsn` is never sent again.
+        partial: commit
+            .filter(|&commit| commit > lsn && messages > 0)
+            .map(|commit| Partial { commit, messages }),
     })
 }
+
+/// Most values bound in one statement: PostgreSQL takes at most 65,535,
+/// and a window may hand over more events (or name more keys) than that.
+const BINDS_PER_STATEMENT: usize = 10_000;
 
 /// The ordering keys of `events` with pending rows in `outbox_message`,
 /// written by a relay or anyone else: their events must queue behind those
@@ -63,23 +99,38 @@ pub async fn held_keys(
     if keys.is_empty() {
         return Ok(HashSet::new());
     }
-    let held: Vec<Option<String>> = outbox_message::Entity::find()
-        .select_only()
-        .column(outbox_message::Column::OrderingKey)
-        .distinct()
-        .filter(OutboxState::Pending.condition())
-        .filter(outbox_message::Column::OrderingKey.is_in(keys))
-        .into_tuple()
-        .all(db)
-        .await?;
-    Ok(held.into_iter().flatten().collect())
+    let keys: Vec<&str> = keys.into_iter().collect();
+    let mut held = HashSet::new();
+    for chunk in keys.chunks(BINDS_PER_STATEMENT) {
+        let found: Vec<Option<String>> = outbox_message::Entity::find()
+            .select_only()
+            .column(outbox_message::Column::OrderingKey)
+            .distinct()
+            .filter(OutboxState::Pending.condition())
+            .filter(outbox_message::Column::OrderingKey.is_in(chunk.iter().copied()))
+            .into_tuple()
+            .all(db)
+            .await?;
+        held.extend(found.into_iter().flatten());
+    }
+    Ok(held)
+}
+
+/// What a published window moves the relay's durable position to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reached {
+    /// The end of the window's last whole transaction, if it had one.
+    pub end: Option<i64>,
+    /// The transaction the window ends inside, and how many of its messages
+    /// are done with it; `None` when the window ends at a commit.
+    pub partial: Option<Partial>,
 }
 
 /// Writes the rows handed to the table, the dead letters of undecodable
-/// messages, the minute's count of `published` events and the window's
-/// `end` as `slot`'s durable position, in one transaction. A row already
-/// there (a window that went again after a crash) is left as it is; the
-/// count of such a window is counted again.
+/// messages, the minute's count of `published` events and how far the
+/// window got (`reached`) as `slot`'s durable position, in one transaction.
+/// A row already there (a window that went again after a crash) is left as
+/// it is; the count of such a window is counted again.
 ///
 /// # Errors
 /// The database error; nothing of the window is recorded then.
@@ -89,19 +140,29 @@ pub async fn record_window(
     published: usize,
     rows: Vec<(outbox_message::ActiveModel, WalEvent)>,
     undecodable: &[(Vec<u8>, String)],
-    end: Option<i64>,
+    reached: Reached,
 ) -> Result<(), DbErr> {
     if published == 0 && rows.is_empty() && undecodable.is_empty() {
         return Ok(());
     }
     let txn = db.begin().await?;
     rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
-    if let Some(end) = end {
+    if reached.end.is_some() || reached.partial.is_some() {
+        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, $2) \
-             ON CONFLICT (slot) DO UPDATE SET lsn = GREATEST(wal_relay_position.lsn, EXCLUDED.lsn)",
-            [slot.into(), end.into()],
+            // Only one relay records at a time (the one holding the slot);
+            // a window's partial transaction replaces the last one's.
+            "INSERT INTO wal_relay_position (slot, lsn, txn_lsn, txn_messages) \
+             VALUES ($1, COALESCE($2, 0), $3, $4) ON CONFLICT (slot) DO UPDATE \
+             SET lsn = GREATEST(wal_relay_position.lsn, EXCLUDED.lsn), \
+                 txn_lsn = EXCLUDED.txn_lsn, txn_messages = EXCLUDED.txn_messages",
+            [
+                slot.into(),
+                reached.end.into(),
+                reached.partial.map(|p| to_i64(p.commit)).into(),
+                reached.partial.map_or(0, |p| to_i64(p.messages)).into(),
+            ],
         ))
         .await?;
     }
@@ -149,20 +210,28 @@ async fn without_clashes(
         return Ok(Vec::new());
     }
     let ids: Vec<&str> = rows.iter().map(|(_, e)| e.message_id.as_str()).collect();
-    let existing: Vec<(String, String, Vec<u8>)> = outbox_message::Entity::find()
-        .select_only()
-        .column(outbox_message::Column::MessageId)
-        .column(outbox_message::Column::Subject)
-        .column(outbox_message::Column::Payload)
-        .filter(outbox_message::Column::MessageId.is_in(ids))
-        .into_tuple()
-        .all(txn)
-        .await?;
+    let mut existing: HashMap<String, (String, Vec<u8>)> = HashMap::new();
+    for chunk in ids.chunks(BINDS_PER_STATEMENT) {
+        let found: Vec<(String, String, Vec<u8>)> = outbox_message::Entity::find()
+            .select_only()
+            .column(outbox_message::Column::MessageId)
+            .column(outbox_message::Column::Subject)
+            .column(outbox_message::Column::Payload)
+            .filter(outbox_message::Column::MessageId.is_in(chunk.iter().copied()))
+            .into_tuple()
+            .all(txn)
+            .await?;
+        existing.extend(
+            found
+                .into_iter()
+                .map(|(id, subject, payload)| (id, (subject, payload))),
+        );
+    }
     let mut fresh = Vec::new();
     for (row, event) in rows {
-        match existing.iter().find(|(id, _, _)| *id == event.message_id) {
+        match existing.get(&event.message_id) {
             None => fresh.push(row),
-            Some((_, subject, payload))
+            Some((subject, payload))
                 if *subject == event.subject && payload[..] == event.payload[..] => {}
             Some(_) => {
                 let error = format!(

@@ -12,6 +12,15 @@
 //!   then confirms the window's end to the slot. A crash republishes at most
 //!   the unconfirmed windows, and JetStream's duplicate window drops the
 //!   copies.
+//! - **Bounded memory.** A window holds at most [`WalRelayConfig::window`]
+//!   events or 16 MiB of payloads; a transaction larger than that goes in
+//!   pieces. Each piece is recorded with how many of its transaction's
+//!   messages are done, and a restart skips those: the slot can only be
+//!   confirmed at the commit.
+//! - **Acknowledged progress is kept.** A relay stopping in the middle of a
+//!   window hands what it did not publish to the table and records the
+//!   window; a window whose record fails remembers what JetStream
+//!   acknowledged and skips it when read again.
 //! - **One event does not stop the rest.** When the broker is reachable but
 //!   refuses an event (no stream for its subject, a permission), the event is
 //!   handed to the table relay as a row of `outbox_message` with its error,
@@ -27,24 +36,23 @@
 //! # Layout
 //! - `slot`: the slot's name, creation and checks, dropping it, and the
 //!   replication connection.
-//! - `reader`: windows of committed transactions read from the stream, and
-//!   confirming positions.
+//! - `reader`: windows of committed transactions (and pieces of large ones)
+//!   read from the stream, and confirming positions.
+//! - `publish`: a window's events published in chains per ordering key, and
+//!   what is handed to the table.
 //! - `record`: what a published window leaves in the database (the
 //!   statements, like the slot's, are `service::wal`'s).
-//! - here: the relay's sessions, publishing and hand-over to the table.
+//! - here: the relay's sessions, their backoff and metrics.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use chrono::Utc;
-use futures::future::join_all;
 use pgwire_replication::{PgWireError, ReplicationClient};
-use sea_orm::{ActiveValue::Set, DatabaseConnection, DbErr};
+use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-use service::wal::WalEvent;
 
 pub use service::wal::relay::UNDECODABLE_CONSUMER;
 
@@ -56,8 +64,9 @@ pub struct WalRelayConfig {
     pub database_url: String,
     /// The logical replication slot (and publication) name.
     pub slot: String,
-    /// Events per window, rounded up to whole transactions (a window also
-    /// goes once it holds 16 MiB of payloads).
+    /// Events per window, rounded up to whole seawall messages (a window
+    /// also goes once it holds 16 MiB of payloads); a larger transaction
+    /// goes in pieces of this size.
     pub window: usize,
     /// How often a standby tries to take the slot over.
     pub standby_retry: Duration,
@@ -93,11 +102,11 @@ pub enum WalError {
     Replication(#[from] PgWireError),
 }
 
+mod publish;
 mod reader;
 mod record;
 mod slot;
 
-pub use reader::MIN_WINDOW;
 pub use service::wal::slot::{SlotError, SlotLoss, default_slot_name, drop_slot, valid_slot_name};
 
 /// Makes sure the slot can be read ([`service::wal::slot::prepare`]: made
@@ -121,16 +130,8 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotErro
     Ok(())
 }
 
-use reader::{Reader, Window, ended};
+use reader::{Reader, ended};
 use slot::replication_config;
-
-/// A key's (or a key-less event's) publishing outcome in a window.
-#[derive(Debug, Default)]
-struct Chain {
-    published: usize,
-    /// The first event that failed, its error, and the events after it.
-    failed: Option<(WalEvent, String, Vec<WalEvent>)>,
-}
 
 /// Relays the outbox from the WAL.
 pub struct WalRelay {
@@ -139,6 +140,9 @@ pub struct WalRelay {
     config: WalRelayConfig,
     /// Set when a session relays a window: the reconnect backoff starts over.
     held: std::sync::atomic::AtomicBool,
+    /// Message ids JetStream acknowledged in windows that could not be
+    /// recorded: the next reading of such a window skips them.
+    unrecorded: std::sync::Mutex<HashSet<String>>,
 }
 
 impl WalRelay {
@@ -149,6 +153,7 @@ impl WalRelay {
             js,
             config,
             held: std::sync::atomic::AtomicBool::new(false),
+            unrecorded: std::sync::Mutex::default(),
         }
     }
 
@@ -222,8 +227,9 @@ impl WalRelay {
         // The slot itself may be behind after a PostgreSQL crash: start
         // where this relay durably got to, so what it published before is
         // skipped by the server instead of published again.
-        if let Some(position) = self.position().await? {
-            config = config.with_start_lsn(position);
+        let position = self.position().await?;
+        if let Some(lsn) = position.lsn {
+            config = config.with_start_lsn(pgwire_replication::Lsn(lsn));
         }
         let mut client = ReplicationClient::connect_gated(config).await?;
         client.start().await?;
@@ -244,6 +250,8 @@ impl WalRelay {
             client,
             confirms,
             size: self.config.window,
+            resume: position.partial,
+            open: None,
         };
         tokio::spawn(reader.run(windows, stop));
         loop {
@@ -288,146 +296,6 @@ impl WalRelay {
         }
         Ok(())
     }
-
-    /// Publishes a window's events, hands what the broker refused (and what
-    /// must queue behind it) to the table, and records undecodable messages;
-    /// returns once all of that is durable. While the broker is unreachable
-    /// the events not yet acknowledged go again after a backoff (never the
-    /// acknowledged ones: the window may outlast JetStream's duplicate
-    /// window).
-    async fn relay_window(
-        &self,
-        window: &Window,
-        cancel: &CancellationToken,
-    ) -> Result<(), WalError> {
-        let mut attempt = 0u32;
-        let mut published = 0usize;
-        let mut events = window.events.clone();
-        loop {
-            let held = service::wal::relay::held_keys(&self.db, &events).await?;
-            let (queued, chains) = split(events, &held);
-            let results = self.publish_chains(chains).await;
-            published += results.iter().map(|c| c.published).sum::<usize>();
-            let failed = results.iter().any(|c| c.failed.is_some());
-            let connected =
-                self.js.client().connection_state() == async_nats::connection::State::Connected;
-            if failed && !connected {
-                attempt = attempt.saturating_add(1);
-                let wait = service::Backoff::new(self.config.retry_base, self.config.retry_max)
-                    .delay(attempt);
-                tracing::warn!(
-                    ?wait,
-                    "NATS is unreachable; the WAL window's unacknowledged events go again"
-                );
-                tokio::select! {
-                    // Not confirmed: the next session reads the window again.
-                    () = cancel.cancelled() => return Err(WalError::Stopped),
-                    () = tokio::time::sleep(wait) => {}
-                }
-                events = queued;
-                for chain in results {
-                    if let Some((event, _, rest)) = chain.failed {
-                        events.push(event);
-                        events.extend(rest);
-                    }
-                }
-                continue;
-            }
-            metrics::counter!("seawall_relay_published_total").increment(published as u64);
-            let mut rows = Vec::new();
-            for event in queued {
-                rows.push((service::outbox::row_of(event.clone())?, event));
-            }
-            for chain in results {
-                let Some((event, error, rest)) = chain.failed else {
-                    continue;
-                };
-                metrics::counter!("seawall_relay_failed_total").increment(1);
-                let error = crate::relay::explain(
-                    self.config.server_errors.as_ref(),
-                    &event.subject,
-                    error,
-                );
-                tracing::warn!(message_id = %event.message_id, subject = %event.subject, %error, "publish refused; the event goes to the outbox table to be retried");
-                let mut row = service::outbox::row_of(event.clone())?;
-                row.attempts = Set(1);
-                row.last_error = Set(Some(error));
-                row.next_attempt_at =
-                    Set(Utc::now() + service::relay::store::span(self.config.retry_base));
-                rows.push((row, event));
-                for event in rest {
-                    rows.push((service::outbox::row_of(event.clone())?, event));
-                }
-            }
-            self.record(published, rows, &window.undecodable, window.end)
-                .await?;
-            return Ok(());
-        }
-    }
-
-    /// Publishes the chains (one key's events, or one key-less event) in
-    /// rounds: each round sends the next event of every chain still going,
-    /// one after another as a plain publisher does, then awaits their
-    /// PubAcks together. A chain stops at its first failure, so a key's
-    /// events go out in order and none after a refused one.
-    async fn publish_chains(&self, chains: Vec<Vec<WalEvent>>) -> Vec<Chain> {
-        let mut results: Vec<Chain> = chains.iter().map(|_| Chain::default()).collect();
-        let mut queues: Vec<std::collections::VecDeque<WalEvent>> =
-            chains.into_iter().map(Into::into).collect();
-        loop {
-            let mut round = Vec::new();
-            for (i, queue) in queues.iter_mut().enumerate() {
-                if results[i].failed.is_none()
-                    && let Some(event) = queue.pop_front()
-                {
-                    let sent = self.dispatch(&event).await;
-                    round.push((i, event, sent));
-                }
-            }
-            if round.is_empty() {
-                return results;
-            }
-            let acks = join_all(round.into_iter().map(|(i, event, sent)| async move {
-                let outcome = match sent {
-                    Ok(in_flight) => in_flight.acknowledged().await,
-                    Err(error) => Err(error),
-                };
-                (i, event, outcome)
-            }))
-            .await;
-            for (i, event, outcome) in acks {
-                match outcome {
-                    Ok(()) => results[i].published += 1,
-                    Err(error) => {
-                        let rest = std::mem::take(&mut queues[i]).into();
-                        results[i].failed = Some((event, error, rest));
-                    }
-                }
-            }
-        }
-    }
-
-    async fn dispatch(&self, event: &WalEvent) -> Result<crate::relay::InFlight, String> {
-        let headers = event
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str(), value.as_str()));
-        let message = crate::relay::message(
-            &event.message_id,
-            headers,
-            event.created_at,
-            event.payload.clone(),
-        )?;
-        let stored = || event.headers.clone();
-        crate::relay::dispatch(
-            &self.js,
-            &event.subject,
-            &event.message_id,
-            &stored,
-            message,
-        )
-        .await
-    }
 }
 
 /// SQLSTATE `object_in_use`: another session streams from the slot.
@@ -449,27 +317,9 @@ fn server_sqlstate(err: &PgWireError) -> Option<&str> {
     (code.len() == 5 && code.bytes().all(|b| b.is_ascii_alphanumeric())).then_some(code)
 }
 
-/// Splits `events` into those that must queue in the table behind a held
-/// key, and chains to publish: one per ordering key (in order), one per
-/// key-less event.
-fn split(events: Vec<WalEvent>, held: &HashSet<String>) -> (Vec<WalEvent>, Vec<Vec<WalEvent>>) {
-    let mut queued = Vec::new();
-    let mut keyed: BTreeMap<String, Vec<WalEvent>> = BTreeMap::new();
-    let mut chains = Vec::new();
-    for event in events {
-        match event.ordering_key.clone() {
-            Some(key) if held.contains(&key) => queued.push(event),
-            Some(key) => keyed.entry(key).or_default().push(event),
-            None => chains.push(vec![event]),
-        }
-    }
-    chains.extend(keyed.into_values());
-    (queued, chains)
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::HashSet;
 
     use chrono::Utc;
 
@@ -484,36 +334,5 @@ mod tests {
         assert_eq!(server_sqlstate(&server("odd (SQLSTATE 5)")), None);
         let io = PgWireError::Protocol("(SQLSTATE 55006)".into());
         assert_eq!(server_sqlstate(&io), None);
-    }
-
-    #[test]
-    fn held_keys_queue_and_other_keys_chain_in_order() {
-        let event = |id: &str, key: Option<&str>| WalEvent {
-            message_id: id.into(),
-            subject: "s".into(),
-            ordering_key: key.map(Into::into),
-            headers: BTreeMap::new(),
-            payload: bytes::Bytes::new(),
-            causation_id: None,
-            causation_consumer: None,
-            correlation_id: None,
-            created_at: Utc::now(),
-        };
-        let held = HashSet::from(["k1".to_owned()]);
-        let (queued, chains) = split(
-            vec![
-                event("a", Some("k1")),
-                event("b", Some("k2")),
-                event("c", None),
-                event("d", Some("k2")),
-            ],
-            &held,
-        );
-        assert_eq!(queued.len(), 1);
-        let ids: Vec<Vec<&str>> = chains
-            .iter()
-            .map(|c| c.iter().map(|e| e.message_id.as_str()).collect())
-            .collect();
-        assert_eq!(ids, vec![vec!["c"], vec!["b", "d"]]);
     }
 }

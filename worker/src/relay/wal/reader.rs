@@ -4,17 +4,17 @@
 use std::time::Duration;
 
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+use service::wal::relay::Partial;
 use service::wal::{self, WalEvent};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::WalError;
 
-/// Fewest events a window may hold before it goes (when that many are ready).
-pub const MIN_WINDOW: usize = 5_000;
-
 /// Most payload bytes a window holds: with big events it goes sooner, so a
-/// window of megabyte events does not hold gigabytes.
+/// window of megabyte events does not hold gigabytes. A transaction larger
+/// than a window goes in pieces of about this size (or of the window's
+/// event count), at message boundaries.
 const WINDOW_BYTES: usize = 16 << 20;
 
 /// How long a window that has events waits for more before it goes.
@@ -31,6 +31,25 @@ pub(super) struct Window {
     pub(super) commit_time: Option<i64>,
     /// Seawall messages this version could not decode, with why.
     pub(super) undecodable: Vec<(Vec<u8>, String)>,
+    /// Set when the window ends inside a transaction too large for one
+    /// window: the transaction, and how many of its messages are done once
+    /// this window is published.
+    pub(super) partial: Option<Partial>,
+}
+
+/// The transaction being read, not yet committed.
+#[derive(Debug)]
+pub(super) struct Open {
+    /// Its commit position, which names it.
+    commit: Lsn,
+    /// Its events read since the last piece went.
+    events: Vec<WalEvent>,
+    /// Their payload bytes.
+    bytes: usize,
+    /// Seawall messages of it read so far, skipped ones included.
+    read: u64,
+    /// Messages of it a piece published before a restart: skipped.
+    skip: u64,
 }
 
 /// Most bytes of an undecodable message kept in its dead letter.
@@ -70,6 +89,10 @@ pub(super) struct Reader {
     pub(super) client: ReplicationClient,
     pub(super) confirms: mpsc::UnboundedReceiver<Lsn>,
     pub(super) size: usize,
+    /// A transaction published in part before this session.
+    pub(super) resume: Option<Partial>,
+    /// The transaction being read, across the windows it spans.
+    pub(super) open: Option<Open>,
 }
 
 impl Reader {
@@ -117,13 +140,14 @@ impl Reader {
 
     /// Reads committed transactions until the window holds `size` events or
     /// no more come within [`LINGER`]; waits for the first one (or a
-    /// keepalive that moves the position on).
+    /// keepalive that moves the position on). A transaction that alone
+    /// outgrows the window goes in pieces, each its own window, so the
+    /// memory a transaction takes is bounded by the window's, not its size.
     async fn window(&mut self) -> Result<Window, WalError> {
         let mut window = Window::default();
-        let mut open: Option<Vec<WalEvent>> = None;
         let mut bytes = 0usize;
         loop {
-            let waiting = open.is_some() || (window.events.is_empty() && window.end.is_none());
+            let waiting = self.open.is_some() || (window.events.is_empty() && window.end.is_none());
             // Under load the stream delivers in small chunks; waiting a
             // moment for the next one fills the window, so the wait for the
             // window's last PubAck is paid per window, not per chunk.
@@ -132,9 +156,21 @@ impl Reader {
             };
             match event {
                 ReplicationEvent::Begin {
-                    commit_time_micros, ..
+                    final_lsn,
+                    commit_time_micros,
+                    ..
                 } => {
-                    open = Some(Vec::new());
+                    let skip = self
+                        .resume
+                        .filter(|p| p.commit == final_lsn.0)
+                        .map_or(0, |p| p.messages);
+                    self.open = Some(Open {
+                        commit: final_lsn,
+                        events: Vec::new(),
+                        bytes: 0,
+                        read: 0,
+                        skip,
+                    });
                     window.commit_time = Some(commit_time_micros);
                 }
                 ReplicationEvent::Message {
@@ -142,29 +178,51 @@ impl Reader {
                     content,
                     transactional,
                     lsn,
-                } if prefix == wal::PREFIX => match checked(&content) {
-                    Ok(events) => match open.as_mut() {
-                        Some(txn) if transactional => txn.extend(events),
-                        _ => {
-                            window.events.extend(events);
-                            window.end = window.end.max(Some(lsn));
+                } if prefix == wal::PREFIX => {
+                    let mut txn = self.open.as_mut().filter(|_| transactional);
+                    if let Some(txn) = txn.as_mut() {
+                        txn.read += 1;
+                        // Done by a piece published before a restart.
+                        if txn.read <= txn.skip {
+                            continue;
                         }
-                    },
-                    Err(err) => {
-                        let error = format!("{err} ({} bytes)", content.len());
-                        window.undecodable.push((kept(&content), error));
                     }
-                },
+                    let events = match checked(&content) {
+                        Ok(events) => events,
+                        Err(err) => {
+                            let error = format!("{err} ({} bytes)", content.len());
+                            window.undecodable.push((kept(&content), error));
+                            continue;
+                        }
+                    };
+                    let Some(txn) = txn else {
+                        window.events.extend(events);
+                        window.end = window.end.max(Some(lsn));
+                        continue;
+                    };
+                    txn.bytes += events.iter().map(|e| e.payload.len()).sum::<usize>();
+                    txn.events.extend(events);
+                    if txn.events.len() >= self.size || bytes + txn.bytes >= WINDOW_BYTES {
+                        window.events.append(&mut txn.events);
+                        txn.bytes = 0;
+                        window.partial = Some(Partial {
+                            commit: txn.commit.0,
+                            messages: txn.read,
+                        });
+                        return Ok(window);
+                    }
+                }
                 ReplicationEvent::Commit { end_lsn, .. } => {
-                    let txn = open.take().unwrap_or_default();
-                    bytes += txn.iter().map(|e| e.payload.len()).sum::<usize>();
-                    window.events.extend(txn);
+                    if let Some(txn) = self.open.take() {
+                        bytes += txn.bytes;
+                        window.events.extend(txn.events);
+                    }
                     window.end = window.end.max(Some(end_lsn));
                     if window.events.len() >= self.size || bytes >= WINDOW_BYTES {
                         return Ok(window);
                     }
                 }
-                ReplicationEvent::KeepAlive { wal_end, .. } if open.is_none() => {
+                ReplicationEvent::KeepAlive { wal_end, .. } if self.open.is_none() => {
                     window.end = window.end.max(Some(wal_end));
                 }
                 _ => {}

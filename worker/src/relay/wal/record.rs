@@ -6,6 +6,7 @@ use sea_orm::DbErr;
 
 use entity::outbox_message;
 use service::wal::WalEvent;
+use service::wal::relay::{Partial, Position, Reached};
 
 use super::WalRelay;
 
@@ -18,6 +19,7 @@ impl WalRelay {
         rows: Vec<(outbox_message::ActiveModel, WalEvent)>,
         undecodable: &[(Vec<u8>, String)],
         end: Option<Lsn>,
+        partial: Option<Partial>,
     ) -> Result<(), DbErr> {
         service::wal::relay::record_window(
             &self.db,
@@ -25,16 +27,17 @@ impl WalRelay {
             published,
             rows,
             undecodable,
-            end.map(lsn_value),
+            Reached {
+                end: end.map(lsn_value),
+                partial,
+            },
         )
         .await
     }
 
-    /// Where the relays of this slot durably got to, if anywhere.
-    pub(super) async fn position(&self) -> Result<Option<Lsn>, DbErr> {
-        Ok(service::wal::relay::position(&self.db, &self.config.slot)
-            .await?
-            .map(Lsn))
+    /// Where the relays of this slot durably got to.
+    pub(super) async fn position(&self) -> Result<Position, DbErr> {
+        service::wal::relay::position(&self.db, &self.config.slot).await
     }
 }
 

@@ -42,9 +42,17 @@ pub(super) fn replication_config(url: &str, slot: &str) -> Result<ReplicationCon
             .with_tls(tls)
             .with_status_interval(Duration::from_secs(1))
             .with_wakeup_interval(Duration::from_secs(1))
+            // Decoded messages waiting for the reader: each may be as large
+            // as one `enqueue_all`, so the buffer is counted in few of them
+            // (the library's default of 8,192 would hold a gigabyte of
+            // 128 KiB events).
+            .with_buffer_size(BUFFERED_MESSAGES)
             .with_application_name(format!("seawall-relay {}", std::process::id())),
     )
 }
+
+/// Replication messages buffered between the stream and the reader.
+const BUFFERED_MESSAGES: usize = 256;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,297 @@
+//! The WAL relay's windows have bounds: a transaction with more ordering
+//! keys than a statement can bind, one larger than memory should hold, and
+//! a relay stopped in the middle of one (by SIGTERM, or during a NATS
+//! outage) all end with every event published once, in order.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use entity::outbox_message;
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
+
+use crate::helpers::{ledger_stream, stored_on, with_ledger_stream};
+use crate::support::domain::{LEDGER_STREAM, RECORDED_SUBJECT};
+use crate::support::nats::NatsServer;
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb};
+use crate::wal::{commit_events, drop_slot, recorded, slot_of, wal_env};
+
+/// Messages in the ledger stream.
+async fn stream_messages(js: &jetstream::Context) -> u64 {
+    match js.get_stream(LEDGER_STREAM).await {
+        Ok(mut stream) => stream.info().await.map_or(0, |i| i.state.messages),
+        Err(_) => 0,
+    }
+}
+
+/// Rows of `outbox_message` not yet published.
+async fn pending_rows(db: &DatabaseConnection) -> u64 {
+    outbox_message::Entity::find()
+        .filter(outbox_message::Column::PublishedAt.is_null())
+        .count(db)
+        .await
+        .unwrap()
+}
+
+/// Polls `check` until it holds; on timeout fails with the relay's log.
+async fn until<F, Fut>(relay: &Seawall, what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; the relay's log:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The ids of `recorded` events in the stream, in stream order.
+async fn stored_ids(js: &jetstream::Context) -> Vec<String> {
+    stored_on(js, RECORDED_SUBJECT)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// One transaction of 70,000 events with as many ordering keys: the keys
+/// waiting behind rows of the table are asked for in statements of bounded
+/// size (PostgreSQL binds at most 65,535 values in one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_with_seventy_thousand_keys_is_relayed() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    let events = (0..70_000)
+        .map(|i| recorded(&format!("wide-{i}"), Some(&format!("key-{i}"))))
+        .collect();
+    commit_events(&t.db, events).await;
+    until(
+        &relay,
+        "70,000 events in the stream",
+        Duration::from_secs(300),
+        || async { stream_messages(&js).await >= 70_000 },
+    )
+    .await;
+    assert_eq!(pending_rows(&t.db).await, 0);
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// Peak resident memory of a process, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .unwrap()
+        .to_owned();
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib / 1024
+}
+
+/// Events of [`LARGE_EVENT`] bytes in the large transaction: 384 MiB.
+const LARGE_EVENTS: usize = 6144;
+const LARGE_EVENT: usize = 64 << 10;
+/// What the relay may take while relaying it: the process itself (about
+/// 60 MiB in a debug build), three windows of 16 MiB, 256 buffered
+/// replication messages and a window's publishes in the NATS client, with
+/// room for the allocator; well below the transaction (measured 150-164 MiB).
+const LARGE_RSS_BOUND_MIB: u64 = 224;
+
+/// A transaction of 384 MiB (6,144 events of 64 KiB, each its own
+/// `enqueue_all`) goes in pieces: the relay's peak memory stays within
+/// [`LARGE_RSS_BOUND_MIB`], and every event is published once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_larger_than_memory_should_hold_goes_in_pieces() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    let txn = sea_orm::TransactionTrait::begin(&t.db).await.unwrap();
+    let outbox = service::Outbox::new(service::OutboxMode::Wal);
+    for i in 0..LARGE_EVENTS {
+        // Incompressible enough: each event's bytes differ.
+        let payload: Vec<u8> = (0..LARGE_EVENT)
+            .map(|j| (i.wrapping_mul(31) ^ j.wrapping_mul(7)) as u8)
+            .collect();
+        let event =
+            service::NewEvent::new(RECORDED_SUBJECT, payload).with_message_id(format!("large-{i}"));
+        outbox.enqueue_all(&txn, [event]).await.unwrap();
+    }
+    txn.commit().await.unwrap();
+    until(
+        &relay,
+        "every large event in the stream",
+        Duration::from_secs(300),
+        || async { stream_messages(&js).await >= LARGE_EVENTS as u64 },
+    )
+    .await;
+    let peak = peak_rss_mib(relay.pid());
+    println!("relay peak RSS relaying a 384 MiB transaction: {peak} MiB");
+    assert!(
+        peak <= LARGE_RSS_BOUND_MIB,
+        "the relay's peak RSS was {peak} MiB relaying a 384 MiB transaction"
+    );
+    assert_eq!(stream_messages(&js).await, LARGE_EVENTS as u64);
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// A nats-server with the ledger stream and a 5 s duplicate window: a
+/// republished event shows up as a second copy once the window has passed.
+async fn short_window_nats() -> (NatsServer, jetstream::Context) {
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &ledger_stream(DUPLICATE_WINDOW))
+        .await
+        .unwrap();
+    (nats, js)
+}
+
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// Commits `messages` calls of `enqueue_all`, each of `per_message` events
+/// of ordering key `k`, in one transaction; returns their ids in order.
+async fn commit_one_key(
+    db: &DatabaseConnection,
+    messages: usize,
+    per_message: usize,
+) -> Vec<String> {
+    let txn = sea_orm::TransactionTrait::begin(db).await.unwrap();
+    let outbox = service::Outbox::new(service::OutboxMode::Wal);
+    let mut ids = Vec::new();
+    for m in 0..messages {
+        let events: Vec<_> = (0..per_message)
+            .map(|i| recorded(&format!("one-key-{}", m * per_message + i), Some("k")))
+            .collect();
+        ids.extend(events.iter().map(|e| e.message_id.clone()));
+        outbox.enqueue_all(&txn, events).await.unwrap();
+    }
+    txn.commit().await.unwrap();
+    ids
+}
+
+/// Waits until `ids.len()` events are in the stream and no row waits in
+/// the table, then asserts the stream holds exactly `ids`, in order: an
+/// event published twice, missing or out of order fails it.
+async fn assert_published_once_in_order(
+    relay: &Seawall,
+    t: &TestDb,
+    js: &jetstream::Context,
+    ids: &[String],
+) {
+    until(
+        relay,
+        "every event in the stream and no row waiting",
+        Duration::from_secs(300),
+        || async {
+            stream_messages(js).await >= ids.len() as u64 && pending_rows(&t.db).await == 0
+        },
+    )
+    .await;
+    let stored = stored_ids(js).await;
+    assert_eq!(stored.len(), ids.len(), "events stored: {}", stored.len());
+    assert!(
+        stored == ids,
+        "the stream does not hold the key's events once each in order"
+    );
+}
+
+/// SIGTERM while a 4,000-event transaction of one ordering key is being
+/// published (four messages, windows of 1,000, so the first window is a
+/// piece of it): the
+/// relay starts no further round, hands what it did not publish to the
+/// table with the piece's progress, and exits. Started again after the
+/// duplicate window has passed, it skips the piece's messages, and every
+/// event is published once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_in_a_large_window_hands_the_rest_to_the_table() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let (nats, js) = short_window_nats().await;
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let env = wal_env(&t, &nats.url(), &[("SEAWALL_WAL_WINDOW", "1000")]);
+    let mut relay = Seawall::spawn(&["relay"], &env);
+    let ids = commit_one_key(&t.db, 4, 1_000).await;
+    until(
+        &relay,
+        "300 events published",
+        Duration::from_secs(120),
+        || async { stream_messages(&js).await >= 300 },
+    )
+    .await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    let at_exit = stream_messages(&js).await;
+    assert!(
+        at_exit < 1_000,
+        "the relay published {at_exit} events after SIGTERM instead of stopping between rounds"
+    );
+    assert!(
+        pending_rows(&t.db).await > 0,
+        "nothing was handed to the table"
+    );
+    // Past the duplicate window, JetStream would store a copy.
+    tokio::time::sleep(DUPLICATE_WINDOW + Duration::from_secs(1)).await;
+    let mut relay = Seawall::spawn(&["relay"], &env);
+    assert_published_once_in_order(&relay, &t, &js, &ids).await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// NATS stops after about 1,000 of a 3,000-event single-key transaction;
+/// the relay waits the outage out past the duplicate window, gets SIGTERM,
+/// and both start again: the 1,000 acknowledged events are not published
+/// a second time, and the key's order holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_events_survive_an_outage_and_a_sigterm() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let (mut nats, js) = short_window_nats().await;
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let env = wal_env(&t, &nats.url(), &[]);
+    let mut relay = Seawall::spawn(&["relay"], &env);
+    let ids = commit_one_key(&t.db, 1, 3_000).await;
+    until(
+        &relay,
+        "1,000 events published",
+        Duration::from_secs(120),
+        || async { stream_messages(&js).await >= 1_000 },
+    )
+    .await;
+    nats.stop();
+    until(
+        &relay,
+        "the relay meets the outage",
+        Duration::from_secs(60),
+        || async { relay.log_text().contains("NATS is unreachable") },
+    )
+    .await;
+    tokio::time::sleep(DUPLICATE_WINDOW * 2).await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    nats.restart().await;
+    let js = nats.jetstream().await;
+    let mut relay = Seawall::spawn(&["relay"], &env);
+    assert_published_once_in_order(&relay, &t, &js, &ids).await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
