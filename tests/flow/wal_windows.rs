@@ -77,7 +77,7 @@ async fn a_transaction_with_seventy_thousand_keys_is_relayed() {
     until(
         &relay,
         "70,000 events in the stream",
-        Duration::from_secs(300),
+        Duration::from_secs(120),
         || async { stream_messages(&js).await >= 70_000 },
     )
     .await;
