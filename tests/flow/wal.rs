@@ -17,13 +17,24 @@ use crate::support::domain::{Entry, RECORDED_SUBJECT};
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb, rows, wait_until};
 
-/// `extra` plus WAL mode, for a process on `t` and `nats_url`.
+/// JetStream's duplicate window in the WAL tests: shorter than the tests,
+/// so an event published again a few seconds later is stored twice and
+/// seen (the default two minutes would hide it).
+pub(crate) const WAL_DUPLICATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// `extra` plus WAL mode and a [`WAL_DUPLICATE_WINDOW`] (with the relay
+/// lease and backoff it requires), for a process on `t` and `nats_url`.
 pub(crate) fn wal_env(
     t: &TestDb,
     nats_url: &str,
     extra: &[(&str, &str)],
 ) -> Vec<(&'static str, String)> {
-    let mut all = vec![("SEAWALL_OUTBOX_MODE", "wal")];
+    let mut all = vec![
+        ("SEAWALL_OUTBOX_MODE", "wal"),
+        ("SEAWALL_DUPLICATE_WINDOW_MS", "5000"),
+        ("SEAWALL_RELAY_LEASE_MS", "2500"),
+        ("SEAWALL_RELAY_RETRY_MAX_MS", "2500"),
+    ];
     all.extend_from_slice(extra);
     env(&t.url, nats_url, &all)
 }
@@ -410,6 +421,15 @@ async fn the_wal_relay_survives_a_nats_restart() {
     )
     .await;
     assert_eq!(applied_events_once_each(&js).await, 150);
+    // The key's events, in order, none missing.
+    let during: Vec<String> = stored_on(&js, RECORDED_SUBJECT)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| id.starts_with("during-"))
+        .collect();
+    let expected: Vec<String> = (0..50).map(|i| format!("during-{i}")).collect();
+    assert_eq!(during, expected);
     // A publish that failed just as the connection came back counts as a
     // refusal and takes the table's path; it is published all the same.
     wait_until(

@@ -15,7 +15,9 @@ use crate::support::domain::{LEDGER_STREAM, RECORDED_SUBJECT};
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb};
-use crate::wal::{commit_events, drop_slot, recorded, slot_of, wal_env};
+use crate::wal::{
+    WAL_DUPLICATE_WINDOW as DUPLICATE_WINDOW, commit_events, drop_slot, recorded, slot_of, wal_env,
+};
 
 /// Messages in the ledger stream.
 async fn stream_messages(js: &jetstream::Context) -> u64 {
@@ -153,8 +155,9 @@ async fn a_transaction_larger_than_memory_should_hold_goes_in_pieces() {
     drop_slot(&t);
 }
 
-/// A nats-server with the ledger stream and a 5 s duplicate window: a
-/// republished event shows up as a second copy once the window has passed.
+/// A nats-server with the ledger stream and the WAL tests' duplicate
+/// window: a republished event shows up as a second copy once it has
+/// passed.
 async fn short_window_nats() -> (NatsServer, jetstream::Context) {
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
@@ -164,7 +167,11 @@ async fn short_window_nats() -> (NatsServer, jetstream::Context) {
     (nats, js)
 }
 
-const DUPLICATE_WINDOW: Duration = Duration::from_secs(5);
+/// The duplicate window the stream has, however the relay provisioned it.
+async fn duplicate_window(js: &jetstream::Context) -> Duration {
+    let mut stream = js.get_stream(LEDGER_STREAM).await.unwrap();
+    stream.info().await.unwrap().config.duplicate_window
+}
 
 /// Commits `messages` calls of `enqueue_all`, each of `per_message` events
 /// of ordering key `k`, in one transaction; returns their ids in order.
@@ -277,6 +284,7 @@ async fn acknowledged_events_survive_an_outage_and_a_sigterm() {
         || async { stream_messages(&js).await >= 1_000 },
     )
     .await;
+    assert_eq!(duplicate_window(&js).await, DUPLICATE_WINDOW);
     nats.stop();
     until(
         &relay,
