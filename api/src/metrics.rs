@@ -238,6 +238,11 @@ fn table_gauges(observed: &crate::stats::Observed, consumers: &[&str]) -> String
             "WAL written since the WAL relay's last confirmed position, in bytes",
         );
         out.sample(&[], wal.behind_bytes as f64);
+        out.family(
+            "seawall_wal_slot_at_risk",
+            "1 while PostgreSQL keeps less WAL than the WAL outbox slot needs (wal_status unreserved: the next checkpoint may remove WAL not yet relayed; lost: it did), 0 otherwise",
+        );
+        out.sample(&[], if wal.at_risk() { 1.0 } else { 0.0 });
         if let Some(at) = wal.recreated_at_seconds {
             out.family(
                 "seawall_wal_slot_recreated_timestamp_seconds",

@@ -92,6 +92,13 @@ pub struct WalBacklog {
     /// again, in seconds since the epoch: events committed while it was
     /// gone were not relayed (`wal_slot_loss` says which range).
     pub recreated_at_seconds: Option<f64>,
+    /// PostgreSQL's `wal_status` of the slot (`reserved`, `extended`,
+    /// `unreserved`: the next checkpoint may remove WAL the relay has not
+    /// read, `lost`: it did).
+    pub wal_status: Option<String>,
+    /// `wal_status` is `unreserved` or `lost`: events written since the
+    /// relay's last confirmation may never be relayed.
+    pub at_risk: bool,
 }
 
 /// A consumer's backlog in JetStream.
@@ -183,12 +190,14 @@ impl From<stats::Stats> for Stats {
                 })
                 .collect(),
             wal: s.wal.map(|w| WalBacklog {
+                at_risk: w.at_risk(),
                 slot: w.slot,
                 active: w.active,
                 retained_bytes: w.retained_bytes,
                 behind_bytes: w.behind_bytes,
                 flush_lag_seconds: w.flush_lag_seconds,
                 recreated_at_seconds: w.recreated_at_seconds,
+                wal_status: w.wal_status,
             }),
             replica: None,
             consumers: Vec::new(),

@@ -136,5 +136,12 @@ async fn every_metric_an_alert_names_is_exported() {
     seawall.assert_no_panic();
     seawall.terminate().await;
     let slot = worker::relay::wal::default_slot_name(&t.url);
+    // The server ends the relay's walsender a moment after the process.
+    let active =
+        format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active");
+    wait_until("the slot let go", Duration::from_secs(30), || async {
+        crate::support::pg_count(&t.db, &active).await == 0
+    })
+    .await;
     assert!(worker::relay::wal::drop_slot(&t.db, &slot).await.unwrap());
 }

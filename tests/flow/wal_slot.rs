@@ -14,7 +14,7 @@ use crate::support::domain::RECORDED_SUBJECT;
 use crate::support::postgres::{BIN, PrivatePostgres};
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb, pg_count, wait_until};
-use crate::wal::{commit_events, drop_slot, recorded, slot_holder, wal_env};
+use crate::wal::{commit_events, drop_slot, recorded, slot_holder, slot_of, wal_env};
 
 /// The first WAL-mode process makes the slot while four `pgbench` clients
 /// commit single-row inserts as fast as they can. A change committed after
@@ -186,6 +186,14 @@ async fn invalidate(t: &TestDb) {
     )
     .await
     .unwrap();
+    // Before a checkpoint removes the WAL, the slot reads as at risk
+    // (`unreserved`, or `lost` if one already ran): what the alert and the
+    // relay's warning go by.
+    let backlog = service::wal::backlog(&t.db, &slot_of(t))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(backlog.at_risk(), "{backlog:?}");
     wait_until("the slot invalidated", Duration::from_secs(60), || async {
         t.db.execute_unprepared("SELECT pg_switch_wal(); CHECKPOINT")
             .await

@@ -47,6 +47,21 @@ pub struct Backlog {
     /// When the slot was last found gone and made again (`wal_slot_loss`),
     /// in seconds since the epoch; absent when it never was.
     pub recreated_at_seconds: Option<f64>,
+    /// PostgreSQL's `wal_status` of the slot: `reserved` or `extended`
+    /// while its WAL is kept; `unreserved` once it needs more than
+    /// `max_slot_wal_keep_size` allows (the next checkpoint may remove
+    /// WAL it has not decoded); `lost` once that happened.
+    pub wal_status: Option<String>,
+}
+
+impl Backlog {
+    /// Whether the slot has lost WAL it needs, or may at the next
+    /// checkpoint: events written since its confirmed position would then
+    /// never be relayed.
+    #[must_use]
+    pub fn at_risk(&self) -> bool {
+        matches!(self.wal_status.as_deref(), Some("unreserved" | "lost"))
+    }
 }
 
 /// The backlog of `slot`, or `None` when there is no such slot.
@@ -61,7 +76,8 @@ pub async fn backlog<C: ConnectionTrait>(db: &C, slot: &str) -> Result<Option<Ba
                 COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint AS behind_bytes,
                 EXTRACT(EPOCH FROM r.flush_lag)::float8 AS flush_lag_seconds,
                 (SELECT EXTRACT(EPOCH FROM max(l.recreated_at))::float8
-                   FROM wal_slot_loss l WHERE l.slot = s.slot_name::text) AS recreated_at_seconds
+                   FROM wal_slot_loss l WHERE l.slot = s.slot_name::text) AS recreated_at_seconds,
+                s.wal_status::text AS wal_status
            FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
           WHERE s.slot_name = $1",
         [slot.into()],

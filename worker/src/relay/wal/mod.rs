@@ -254,7 +254,13 @@ impl WalRelay {
             open: None,
         };
         tokio::spawn(reader.run(windows, stop));
+        self.warn_if_at_risk().await;
+        let mut checked = std::time::Instant::now();
         loop {
+            if checked.elapsed() >= RESERVE_CHECK {
+                self.warn_if_at_risk().await;
+                checked = std::time::Instant::now();
+            }
             let started = std::time::Instant::now();
             let window = tokio::select! {
                 // A stopping reader ends its stream too; stopping comes first.
@@ -295,6 +301,30 @@ impl WalRelay {
             }
         }
         Ok(())
+    }
+}
+
+/// How often a relay holding the slot checks that PostgreSQL keeps the WAL
+/// the slot needs.
+const RESERVE_CHECK: Duration = Duration::from_secs(60);
+
+impl WalRelay {
+    /// Warns while the slot needs more WAL than `max_slot_wal_keep_size`
+    /// keeps (`wal_status = 'unreserved'`): the next checkpoint may remove
+    /// WAL not yet relayed, and the slot is lost. A failed check is only
+    /// logged: it must not end the session.
+    async fn warn_if_at_risk(&self) {
+        match service::wal::backlog(&self.db, &self.config.slot).await {
+            Ok(Some(backlog)) if backlog.at_risk() => tracing::warn!(
+                slot = %self.config.slot,
+                wal_status = backlog.wal_status.as_deref().unwrap_or(""),
+                retained_bytes = backlog.retained_bytes,
+                behind_bytes = backlog.behind_bytes,
+                "PostgreSQL keeps less WAL than the WAL slot needs (max_slot_wal_keep_size): if a checkpoint removes it, the events the relay has not read yet are lost",
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::debug!(error = %err, "could not check the WAL slot's reserve"),
+        }
     }
 }
 
