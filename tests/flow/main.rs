@@ -19,5 +19,6 @@ mod relay_edges;
 mod replay;
 mod shutdown;
 mod wal;
+mod wal_connection;
 mod wal_slot;
 mod wal_windows;

@@ -68,6 +68,46 @@ impl PrivatePostgres {
     }
 }
 
+impl PrivatePostgres {
+    /// Replaces the server's `pg_hba.conf` with `lines` and reloads it:
+    /// connections opened before keep going, new ones meet the new rules.
+    pub fn set_hba(&self, lines: &str) {
+        let path = std::path::Path::new(&data_of(&self.dir)).join("pg_hba.conf");
+        std::fs::write(&path, lines).expect("pg_hba.conf");
+        as_postgres(&[
+            &format!("{BIN}/pg_ctl"),
+            "-D",
+            &data_of(&self.dir),
+            "reload",
+        ]);
+    }
+
+    /// A directory the server's user owns, for files it must read (a TLS
+    /// key it accepts only when no one else can read it).
+    pub fn private_dir(&self) -> std::path::PathBuf {
+        let dir = self.dir.path().join("private");
+        std::fs::create_dir_all(&dir).expect("private dir");
+        dir
+    }
+
+    /// Hands `path` (and what is in it) to the server's user, readable by
+    /// it alone.
+    pub fn hand_over(path: &std::path::Path) {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(path)
+            .status()
+            .expect("chown");
+        assert!(status.success(), "handing {} to postgres", path.display());
+        let status = Command::new("chmod")
+            .args(["-R", "go-rwx"])
+            .arg(path)
+            .status()
+            .expect("chmod");
+        assert!(status.success());
+    }
+}
+
 /// The cluster's data directory in `dir`.
 fn data_of(dir: &tempfile::TempDir) -> String {
     dir.path().join("data").display().to_string()

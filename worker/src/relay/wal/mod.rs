@@ -34,8 +34,9 @@
 //!   [`UNDECODABLE_CONSUMER`]) holding its bytes.
 //!
 //! # Layout
-//! - `slot`: the slot's name, creation and checks, dropping it, and the
-//!   replication connection.
+//! - `connection`: the replication connection, made from `database_url` and
+//!   the environment as libpq makes one (the slot's name, creation, checks
+//!   and dropping are `service::wal::slot`'s).
 //! - `reader`: windows of committed transactions (and pieces of large ones)
 //!   read from the stream, and confirming positions.
 //! - `publish`: a window's events published in chains per ordering key, and
@@ -102,10 +103,10 @@ pub enum WalError {
     Replication(#[from] PgWireError),
 }
 
+mod connection;
 mod publish;
 mod reader;
 mod record;
-mod slot;
 
 pub use service::wal::slot::{SlotError, SlotLoss, default_slot_name, drop_slot, valid_slot_name};
 
@@ -130,8 +131,8 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotErro
     Ok(())
 }
 
+use connection::replication_config;
 use reader::{Reader, ended};
-use slot::replication_config;
 
 /// Relays the outbox from the WAL.
 pub struct WalRelay {
@@ -349,10 +350,6 @@ fn server_sqlstate(err: &PgWireError) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
-    use chrono::Utc;
-
     use super::*;
 
     #[test]

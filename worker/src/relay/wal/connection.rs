@@ -1,0 +1,307 @@
+//! The replication connection that streams the WAL relay's slot (the slot's
+//! own statements are `service::wal::slot`'s), made from `database_url` and
+//! the environment the way libpq (and the pool, through sqlx) makes one: the
+//! same server, user, password and TLS, so a server that accepts the pool
+//! accepts the relay too.
+//!
+//! Each setting comes from the URL's query (`host`, `hostaddr`, `port`,
+//! `user`, `password`, `dbname`, `sslmode`, `sslrootcert`, `sslcert`,
+//! `sslkey`, `options`), else from the URL itself, else from the `PG*`
+//! variable of that name, else from libpq's default; a missing password is
+//! looked up in the password file (`PGPASSFILE`, or `~/.pgpass`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pgwire_replication::{ReplicationConfig, TlsConfig};
+
+use super::WalError;
+
+/// Replication messages buffered between the stream and the reader.
+const BUFFERED_MESSAGES: usize = 256;
+
+/// The replication connection's settings, from `database_url` and the
+/// process's environment.
+pub(super) fn replication_config(url: &str, slot: &str) -> Result<ReplicationConfig, WalError> {
+    connection(url, slot, &|name| std::env::var(name).ok())
+}
+
+/// A variable of the environment, by name.
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// [`replication_config`] with the environment given.
+fn connection(url: &str, slot: &str, env: Env<'_>) -> Result<ReplicationConfig, WalError> {
+    let parsed = url::Url::parse(url).map_err(|e| WalError::Url(e.to_string()))?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|e| WalError::Url(e.to_string()))
+    };
+    let query: BTreeMap<String, String> = parsed.query_pairs().into_owned().collect();
+    // The query first (under libpq's name, or one of the spellings sqlx
+    // also takes), then the URL's own part, then the environment.
+    let setting = |key: &str, from_url: Option<String>, var: &str| {
+        let aliases: &[&str] = match key {
+            "sslmode" => &["ssl-mode"],
+            "sslrootcert" => &["ssl-root-cert", "ssl-ca"],
+            "sslcert" => &["ssl-cert"],
+            "sslkey" => &["ssl-key"],
+            _ => &[],
+        };
+        std::iter::once(key)
+            .chain(aliases.iter().copied())
+            .find_map(|k| query.get(k).cloned())
+            .or(from_url)
+            .filter(|v| !v.is_empty())
+            .or_else(|| env(var).filter(|v| !v.is_empty()))
+    };
+    let host = setting("host", parsed.host_str().map(Into::into), "PGHOST")
+        .unwrap_or_else(|| "localhost".into());
+    let hostaddr = setting("hostaddr", None, "PGHOSTADDR");
+    let port = match setting("port", parsed.port().map(|p| p.to_string()), "PGPORT") {
+        Some(port) => port
+            .parse::<u16>()
+            .map_err(|_| WalError::Url(format!("port {port:?} is not a port number")))?,
+        None => 5432,
+    };
+    let url_user = match parsed.username() {
+        "" => None,
+        user => Some(decode(user)?),
+    };
+    let user = setting("user", url_user, "PGUSER")
+        .or_else(|| env("USER"))
+        .unwrap_or_else(|| "postgres".into());
+    let path = decode(parsed.path().trim_start_matches('/'))?;
+    let database = setting("dbname", Some(path), "PGDATABASE").unwrap_or_else(|| user.clone());
+    let url_password = parsed.password().map(decode).transpose()?;
+    let password = setting("password", url_password, "PGPASSWORD")
+        .or_else(|| password_file(env, &host, port, &database, &user))
+        .unwrap_or_default();
+    let file = |key: &str, var: &str| setting(key, None, var).map(PathBuf::from);
+    let root = file("sslrootcert", "PGSSLROOTCERT");
+    let mode = setting("sslmode", None, "PGSSLMODE").unwrap_or_else(|| "prefer".into());
+    let mut tls = match mode.as_str() {
+        "disable" => TlsConfig::disabled(),
+        // TLS when the server offers it, as the pool does.
+        "allow" | "prefer" => TlsConfig {
+            mode: pgwire_replication::SslMode::Prefer,
+            ..TlsConfig::default()
+        },
+        // libpq checks the chain of `require` when a root certificate is
+        // given.
+        "require" if root.is_some() => TlsConfig::verify_ca(root),
+        "require" => TlsConfig::require(),
+        "verify-ca" => TlsConfig::verify_ca(root),
+        "verify-full" => TlsConfig::verify_full(root),
+        other => return Err(WalError::Url(format!("unknown sslmode {other:?}"))),
+    };
+    match (file("sslcert", "PGSSLCERT"), file("sslkey", "PGSSLKEY")) {
+        (Some(cert), Some(key)) => tls = tls.with_client_cert(cert, key),
+        (None, None) => {}
+        _ => {
+            return Err(WalError::Url(
+                "sslcert and sslkey go together: a client certificate needs its key".into(),
+            ));
+        }
+    }
+    // `hostaddr` is where to connect; `host` stays the name TLS checks.
+    let address = match hostaddr {
+        Some(addr) => {
+            tls = tls.with_sni_hostname(host.clone());
+            addr
+        }
+        None => host,
+    };
+    let mut config = ReplicationConfig::new(address, user, password, database, slot, slot)
+        .with_port(port)
+        .with_tls(tls)
+        .with_status_interval(Duration::from_secs(1))
+        .with_wakeup_interval(Duration::from_secs(1))
+        // Decoded messages waiting for the reader: each may be as large as
+        // one `enqueue_all`, so the buffer is counted in few of them (the
+        // library's default of 8,192 would hold a gigabyte of 128 KiB
+        // events).
+        .with_buffer_size(BUFFERED_MESSAGES)
+        .with_application_name(format!("seawall-relay {}", std::process::id()));
+    if let Some(options) = setting("options", None, "PGOPTIONS") {
+        config = config.with_options(options);
+    }
+    Ok(config)
+}
+
+/// The password the password file has for this connection, as libpq finds
+/// it: the first line whose `host:port:database:user` fields match (`*`
+/// matches anything, `\` escapes), in `PGPASSFILE` or `~/.pgpass`. A file
+/// others may read is ignored, as libpq ignores it.
+fn password_file(
+    env: Env<'_>,
+    host: &str,
+    port: u16,
+    database: &str,
+    user: &str,
+) -> Option<String> {
+    let path = match env("PGPASSFILE") {
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(env("HOME")?).join(".pgpass"),
+    };
+    let text = std::fs::read_to_string(&path).ok()?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).ok()?.permissions().mode();
+        if mode & 0o077 != 0 {
+            tracing::warn!(path = %path.display(), "the password file is readable by others and is ignored (chmod 0600 it)");
+            return None;
+        }
+    }
+    // A socket directory is `localhost` in the file.
+    let host = if host.starts_with('/') {
+        "localhost"
+    } else {
+        host
+    };
+    let port = port.to_string();
+    let wanted = [host, port.as_str(), database, user];
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .find_map(|line| {
+            let fields = pgpass_fields(line)?;
+            let matches = fields[..4]
+                .iter()
+                .zip(wanted)
+                .all(|(field, value)| field == "*" || field == value);
+            matches.then(|| fields[4].clone())
+        })
+}
+
+/// The five fields of a password file line, unescaped; `None` when it has
+/// fewer.
+fn pgpass_fields(line: &str) -> Option<Vec<String>> {
+    let mut fields = vec![String::new()];
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => fields.last_mut()?.push(chars.next().unwrap_or('\\')),
+            ':' if fields.len() < 5 => fields.push(String::new()),
+            c => fields.last_mut()?.push(c),
+        }
+    }
+    (fields.len() == 5).then_some(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use pgwire_replication::SslMode;
+
+    use super::*;
+
+    fn with_env(url: &str, vars: &[(&str, &str)]) -> Result<ReplicationConfig, WalError> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        connection(url, "s", &|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn the_replication_connection_follows_database_url() {
+        let c = with_env(
+            "postgres://app%40x:p%2Fw@db.example:6543/orders?sslmode=require",
+            &[("PGPASSWORD", "not this"), ("PGSSLMODE", "disable")],
+        )
+        .unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("db.example", 6543));
+        assert_eq!((c.user.as_str(), c.password.as_str()), ("app@x", "p/w"));
+        assert_eq!(c.database, "orders");
+        assert_eq!(c.tls.mode, SslMode::Require);
+        assert!(with_env("postgres://h/d?sslmode=sometimes", &[]).is_err());
+        assert!(with_env("postgres://h/d?port=x", &[]).is_err());
+    }
+
+    #[test]
+    fn tls_is_preferred_as_the_pool_prefers_it() {
+        for url in [
+            "postgres://h/d",
+            "postgres://h/d?sslmode=prefer",
+            "postgres://h/d?sslmode=allow",
+        ] {
+            assert_eq!(
+                with_env(url, &[]).unwrap().tls.mode,
+                SslMode::Prefer,
+                "{url}"
+            );
+        }
+        let env = with_env("postgres://h/d", &[("PGSSLMODE", "verify-full")]).unwrap();
+        assert_eq!(env.tls.mode, SslMode::VerifyFull);
+        let root = with_env("postgres://h/d?sslmode=require&sslrootcert=/ca.pem", &[]).unwrap();
+        assert_eq!(root.tls.mode, SslMode::VerifyCa);
+        assert_eq!(root.tls.ca_pem_path, Some(PathBuf::from("/ca.pem")));
+        let mtls = with_env("postgres://h/d?ssl-cert=/c.pem", &[("PGSSLKEY", "/k.pem")]).unwrap();
+        assert!(mtls.tls.is_mtls());
+        assert!(with_env("postgres://h/d?sslcert=/c.pem", &[]).is_err());
+    }
+
+    #[test]
+    fn missing_parts_come_from_the_query_then_the_environment() {
+        let c = with_env(
+            "postgres:///?host=/run/postgresql&port=5433&dbname=app",
+            &[
+                ("PGUSER", "svc"),
+                ("PGPASSWORD", "secret"),
+                ("PGHOST", "ignored"),
+            ],
+        )
+        .unwrap();
+        assert!(c.is_unix_socket());
+        assert_eq!((c.host.as_str(), c.port), ("/run/postgresql", 5433));
+        assert_eq!((c.user.as_str(), c.password.as_str()), ("svc", "secret"));
+        assert_eq!(c.database, "app");
+        let env = with_env(
+            "postgres://",
+            &[
+                ("PGHOST", "pg.internal"),
+                ("PGPORT", "6000"),
+                ("PGUSER", "u"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (env.host.as_str(), env.port, env.database.as_str()),
+            ("pg.internal", 6000, "u")
+        );
+        let addr = with_env(
+            "postgres://db.example/d?hostaddr=10.0.0.7&sslmode=verify-full",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(addr.host, "10.0.0.7");
+        assert_eq!(addr.tls.sni_hostname.as_deref(), Some("db.example"));
+    }
+
+    #[test]
+    fn a_missing_password_is_found_in_the_password_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pgpass");
+        std::fs::write(
+            &file,
+            "# comment\nother:5432:*:app:nope\ndb.example:6543:*:app:wrong\\:one\n*:*:orders:app:a\\:b\\\\c\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let path = file.display().to_string();
+        let env = [("PGPASSFILE", path.as_str())];
+        let c = with_env("postgres://app@db.example:6543/orders", &env).unwrap();
+        assert_eq!(c.password, "wrong:one");
+        let c = with_env("postgres://app@db.example:5432/orders", &env).unwrap();
+        assert_eq!(c.password, "a:b\\c");
+        let given = with_env("postgres://app:given@db.example:5432/orders", &env).unwrap();
+        assert_eq!(given.password, "given");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let open = with_env("postgres://app@db.example:5432/orders", &env).unwrap();
+        assert_eq!(open.password, "");
+    }
+}
