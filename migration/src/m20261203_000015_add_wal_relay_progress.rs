@@ -7,6 +7,12 @@
 //! and how many of its messages are done, and skips those when it meets the
 //! transaction again: a restart does not publish them a second time, even
 //! long after JetStream's duplicate window has forgotten them.
+//!
+//! And which session of the slot's relays holds it: each session that takes
+//! the slot bumps `generation`, and a relay records a window only while the
+//! generation is its own. A relay frozen past `wal_sender_timeout` loses the
+//! slot to a standby; when it wakes, it finds the generation moved on and
+//! stops instead of publishing and recording windows the standby has.
 
 use sea_orm_migration::prelude::*;
 
@@ -18,6 +24,7 @@ enum WalRelayPosition {
     Table,
     TxnLsn,
     TxnMessages,
+    Generation,
 }
 
 #[async_trait::async_trait]
@@ -44,11 +51,28 @@ impl MigrationTrait for Migration {
                     )
                     .to_owned(),
             )
+            .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(WalRelayPosition::Table)
+                    .add_column(
+                        ColumnDef::new(WalRelayPosition::Generation)
+                            .big_integer()
+                            .not_null()
+                            .default(0),
+                    )
+                    .to_owned(),
+            )
             .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for column in [WalRelayPosition::TxnMessages, WalRelayPosition::TxnLsn] {
+        for column in [
+            WalRelayPosition::Generation,
+            WalRelayPosition::TxnMessages,
+            WalRelayPosition::TxnLsn,
+        ] {
             manager
                 .alter_table(
                     Table::alter()

@@ -431,7 +431,12 @@ async fn alerts_fire_on_a_split_deployment_and_the_dashboard_has_data() {
         .unwrap();
     txn.commit().await.unwrap();
     wait_until("the WAL event relayed", Duration::from_secs(30), || async {
-        pg_count(&wal_db.db, "SELECT count(*) FROM wal_relay_position").await == 1
+        pg_count(
+            &wal_db.db,
+            "SELECT count(*) FROM wal_relay_position WHERE lsn > 0",
+        )
+        .await
+            == 1
     })
     .await;
     wal_relay.kill9().await;

@@ -20,5 +20,6 @@ mod replay;
 mod shutdown;
 mod wal;
 mod wal_connection;
+mod wal_fence;
 mod wal_slot;
 mod wal_windows;

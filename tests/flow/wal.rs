@@ -322,7 +322,7 @@ async fn a_standby_takes_over_from_a_killed_relay_and_nothing_is_lost() {
     worker::relay::wal::prepare(&t.db, &slot_of(&t))
         .await
         .unwrap();
-    let cfg = wal_env(&t, &nats.url(), &[("SEAWALL_RELAY_BATCH_SIZE", "50")]);
+    let cfg = wal_env(&t, &nats.url(), &[("SEAWALL_WAL_WINDOW", "50")]);
     let mut first = Seawall::spawn(&["relay"], &cfg);
     wait_until(
         "the first relay holds the slot",

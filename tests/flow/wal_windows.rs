@@ -20,7 +20,7 @@ use crate::wal::{
 };
 
 /// Messages in the ledger stream.
-async fn stream_messages(js: &jetstream::Context) -> u64 {
+pub(crate) async fn stream_messages(js: &jetstream::Context) -> u64 {
     match js.get_stream(LEDGER_STREAM).await {
         Ok(mut stream) => stream.info().await.map_or(0, |i| i.state.messages),
         Err(_) => 0,
@@ -37,7 +37,7 @@ async fn pending_rows(db: &DatabaseConnection) -> u64 {
 }
 
 /// Polls `check` until it holds; on timeout fails with the relay's log.
-async fn until<F, Fut>(relay: &Seawall, what: &str, timeout: Duration, mut check: F)
+pub(crate) async fn until<F, Fut>(relay: &Seawall, what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -175,7 +175,7 @@ async fn duplicate_window(js: &jetstream::Context) -> Duration {
 
 /// Commits `messages` calls of `enqueue_all`, each of `per_message` events
 /// of ordering key `k`, in one transaction; returns their ids in order.
-async fn commit_one_key(
+pub(crate) async fn commit_one_key(
     db: &DatabaseConnection,
     messages: usize,
     per_message: usize,
@@ -197,7 +197,7 @@ async fn commit_one_key(
 /// Waits until `ids.len()` events are in the stream and no row waits in
 /// the table, then asserts the stream holds exactly `ids`, in order: an
 /// event published twice, missing or out of order fails it.
-async fn assert_published_once_in_order(
+pub(crate) async fn assert_published_once_in_order(
     relay: &Seawall,
     t: &TestDb,
     js: &jetstream::Context,

@@ -77,6 +77,46 @@ pub async fn position(db: &DatabaseConnection, slot: &str) -> Result<Position, D
     })
 }
 
+/// Takes `slot`'s relaying over for a session that has just taken the slot:
+/// bumps the generation kept with the slot's position and returns it. The
+/// session records windows only while the generation is its own
+/// ([`record_window`]), and stops once [`holds`] says it moved on.
+///
+/// # Errors
+/// The database error.
+pub async fn take_over(db: &DatabaseConnection, slot: &str) -> Result<i64, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "INSERT INTO wal_relay_position (slot, lsn, generation) VALUES ($1, 0, 1) \
+             ON CONFLICT (slot) DO UPDATE SET generation = wal_relay_position.generation + 1 \
+             RETURNING generation",
+            [slot.into()],
+        ))
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("wal_relay_position".into()))?;
+    row.try_get("", "generation")
+}
+
+/// Whether the session of `generation` still holds `slot`: no other session
+/// took it over since.
+///
+/// # Errors
+/// The database error.
+pub async fn holds(db: &DatabaseConnection, slot: &str, generation: i64) -> Result<bool, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT generation FROM wal_relay_position WHERE slot = $1",
+            [slot.into()],
+        ))
+        .await?;
+    Ok(match row {
+        Some(row) => row.try_get::<i64>("", "generation")? == generation,
+        None => false,
+    })
+}
+
 /// Most values bound in one statement: PostgreSQL takes at most 65,535,
 /// and a window may hand over more events (or name more keys) than that.
 const BINDS_PER_STATEMENT: usize = 10_000;
@@ -126,37 +166,62 @@ pub struct Reached {
     pub partial: Option<Partial>,
 }
 
+/// The relay session recording a window: its slot, and the generation it
+/// took the slot with ([`take_over`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    /// The slot.
+    pub slot: &'a str,
+    /// The session's generation.
+    pub generation: i64,
+}
+
 /// Writes the rows handed to the table, the dead letters of undecodable
 /// messages, the minute's count of `published` events and how far the
-/// window got (`reached`) as `slot`'s durable position, in one transaction.
-/// A row already there (a window that went again after a crash) is left as
-/// it is; the count of such a window is counted again.
+/// window got (`reached`) as the slot's durable position, in one
+/// transaction, and returns `true`; records nothing and returns `false`
+/// when another session has taken the slot over. A row already there (a
+/// window that went again after a crash) is left as it is; the count of
+/// such a window is counted again.
 ///
 /// # Errors
 /// The database error; nothing of the window is recorded then.
 pub async fn record_window(
     db: &DatabaseConnection,
-    slot: &str,
+    holder: Holder<'_>,
     published: usize,
     rows: Vec<(outbox_message::ActiveModel, WalEvent)>,
     undecodable: &[(Vec<u8>, String)],
     reached: Reached,
-) -> Result<(), DbErr> {
+) -> Result<bool, DbErr> {
     if published == 0 && rows.is_empty() && undecodable.is_empty() {
-        return Ok(());
+        return Ok(true);
     }
+    let Holder { slot, generation } = holder;
     let txn = db.begin().await?;
+    // Locked to the end: a session taking the slot over waits for this
+    // record, and one that took it already makes this one record nothing.
+    let current = txn
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT generation FROM wal_relay_position WHERE slot = $1 FOR UPDATE",
+            [slot.into()],
+        ))
+        .await?
+        .map(|row| row.try_get::<i64>("", "generation"))
+        .transpose()?;
+    if current != Some(generation) {
+        txn.rollback().await?;
+        return Ok(false);
+    }
     rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
     if reached.end.is_some() || reached.partial.is_some() {
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            // Only one relay records at a time (the one holding the slot);
-            // a window's partial transaction replaces the last one's.
-            "INSERT INTO wal_relay_position (slot, lsn, txn_lsn, txn_messages) \
-             VALUES ($1, COALESCE($2, 0), $3, $4) ON CONFLICT (slot) DO UPDATE \
-             SET lsn = GREATEST(wal_relay_position.lsn, EXCLUDED.lsn), \
-                 txn_lsn = EXCLUDED.txn_lsn, txn_messages = EXCLUDED.txn_messages",
+            // The row is there: the session made it when it took the slot.
+            "UPDATE wal_relay_position SET lsn = GREATEST(lsn, COALESCE($2, 0)), \
+                 txn_lsn = $3, txn_messages = $4 WHERE slot = $1",
             [
                 slot.into(),
                 reached.end.into(),
@@ -194,7 +259,8 @@ pub async fn record_window(
         .exec_without_returning(&txn)
         .await?;
     }
-    txn.commit().await
+    txn.commit().await?;
+    Ok(true)
 }
 
 /// The rows to hand to the table, less those whose message id a row

@@ -162,7 +162,9 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
         // The position is forgotten only while there is still no slot
         // (another relay may have made it, and recorded a window, since the
         // check above), and a position past the server's WAL is another
-        // cluster's (a restored dump), not a loss on this one.
+        // cluster's (a restored dump), not a loss on this one; nor is a row
+        // a session took the slot with (its generation) before it recorded
+        // any window (position 0).
         db.execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             "WITH gone AS (DELETE FROM wal_relay_position WHERE slot = $1 \
@@ -170,7 +172,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
                  RETURNING slot, lsn) \
              INSERT INTO wal_slot_loss (slot, relayed_to, recreated_at) \
              SELECT slot, lsn, now() FROM gone \
-              WHERE lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
+              WHERE lsn > 0 AND lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
             [slot.into()],
         ))
         .await?;

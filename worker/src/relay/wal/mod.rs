@@ -92,6 +92,11 @@ pub enum WalError {
     /// Another relay holds the slot: this one is a standby.
     #[error("replication slot {0:?} is held by another relay")]
     Standby(String),
+    /// Another relay session took the slot over (this one was frozen past
+    /// `wal_sender_timeout`, or lost its connection): this one stops
+    /// publishing and records nothing more.
+    #[error("another WAL relay took replication slot {0:?} over")]
+    Fenced(String),
     /// The relay was asked to stop before a window was published.
     #[error("the WAL relay stopped before its window was published")]
     Stopped,
@@ -240,6 +245,7 @@ impl WalRelay {
             }
             return Err(err.into());
         }
+        let fence = self.take_over().await?;
         tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
         metrics::gauge!("seawall_wal_relay_active").set(1.0);
         let stop = cancel.child_token();
@@ -270,7 +276,7 @@ impl WalRelay {
                 window = next.recv() => window.ok_or_else(ended)??,
             };
             let waited = started.elapsed();
-            self.relay_window(&window, cancel).await?;
+            self.relay_window(&window, &fence, cancel).await?;
             // A session that relays a window starts the reconnect backoff
             // over; one that fails before (a slot it cannot decode) backs
             // off further each time.

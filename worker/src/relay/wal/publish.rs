@@ -14,6 +14,7 @@ use entity::outbox_message;
 use service::wal::WalEvent;
 
 use super::reader::Window;
+use super::record::Fence;
 use super::{WalError, WalRelay};
 
 /// A key's (or a key-less event's) publishing outcome in a window.
@@ -51,6 +52,7 @@ impl WalRelay {
     pub(super) async fn relay_window(
         &self,
         window: &Window,
+        fence: &Fence,
         cancel: &CancellationToken,
     ) -> Result<(), WalError> {
         let mut published = 0usize;
@@ -69,19 +71,14 @@ impl WalRelay {
         };
         let mut acked = Vec::new();
         let outcome = self
-            .publish_window(events, cancel, &mut published, &mut acked)
+            .publish_window(events, fence, cancel, &mut published, &mut acked)
             .await;
         let recorded = match outcome {
-            Ok(rows) => self
-                .record(
-                    published,
-                    rows,
-                    &window.undecodable,
-                    window.end,
-                    window.partial,
-                )
-                .await
-                .map_err(WalError::from),
+            Ok(rows) => {
+                let reached = (window.end, window.partial);
+                self.record(fence, published, rows, &window.undecodable, reached)
+                    .await
+            }
             Err(err) => Err(err),
         };
         let mut known = self.unrecorded.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,6 +102,7 @@ impl WalRelay {
     async fn publish_window(
         &self,
         mut events: Vec<WalEvent>,
+        fence: &Fence,
         cancel: &CancellationToken,
         published: &mut usize,
         acked: &mut Vec<String>,
@@ -114,7 +112,7 @@ impl WalRelay {
             let held = service::wal::relay::held_keys(&self.db, &events).await?;
             let (mut left, chains) = split(events, &held);
             let mut refused = Vec::new();
-            for chain in self.publish_chains(chains, cancel).await {
+            for chain in self.publish_chains(chains, fence, cancel).await? {
                 metrics::counter!("seawall_relay_published_total")
                     .increment(chain.acked.len() as u64);
                 *published += chain.acked.len();
@@ -194,12 +192,15 @@ impl WalRelay {
     /// PubAcks together. A chain stops at its first failure, so a key's
     /// events go out in order and none after a refused one. A round sends
     /// at most [`ROUND_LIMIT`] events; a stopping relay starts no further
-    /// round.
+    /// round, and a session another has taken the slot from stops with
+    /// [`WalError::Fenced`], what it published of the window unrecorded
+    /// (the session that took over publishes the window again).
     async fn publish_chains(
         &self,
         chains: Vec<Vec<WalEvent>>,
+        fence: &Fence,
         cancel: &CancellationToken,
-    ) -> Vec<Chain> {
+    ) -> Result<Vec<Chain>, WalError> {
         let mut results: Vec<Chain> = chains.iter().map(|_| Chain::default()).collect();
         let mut queues: Vec<VecDeque<WalEvent>> = chains.into_iter().map(Into::into).collect();
         loop {
@@ -207,8 +208,9 @@ impl WalRelay {
                 for (result, queue) in results.iter_mut().zip(&mut queues) {
                     result.unsent.extend(queue.drain(..));
                 }
-                return results;
+                return Ok(results);
             }
+            fence.check(self).await?;
             let mut round = Vec::new();
             for (i, queue) in queues.iter_mut().enumerate() {
                 if round.len() == ROUND_LIMIT {
@@ -222,7 +224,7 @@ impl WalRelay {
                 }
             }
             if round.is_empty() {
-                return results;
+                return Ok(results);
             }
             let acks = join_all(round.into_iter().map(|(i, event, sent)| async move {
                 let outcome = match sent {

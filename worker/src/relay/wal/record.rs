@@ -1,38 +1,93 @@
 //! What a published window leaves in the database: the statements are
 //! `service::wal::relay`'s; this converts the stream's positions for them.
 
+use std::time::{Duration, Instant};
+
 use pgwire_replication::Lsn;
 use sea_orm::DbErr;
 
 use entity::outbox_message;
 use service::wal::WalEvent;
-use service::wal::relay::{Partial, Position, Reached};
+use service::wal::relay::{Holder, Partial, Position, Reached};
 
-use super::WalRelay;
+use super::{WalError, WalRelay};
+
+/// How long a session goes on publishing before it checks again that no
+/// other session took the slot over (a frozen relay, woken after a standby
+/// took over, checks before its next round: the clock moved on).
+const FENCE_CHECK: Duration = Duration::from_millis(250);
+
+/// A session's claim on the slot: the generation it took the slot with.
+pub(super) struct Fence {
+    generation: i64,
+    checked: std::sync::Mutex<Instant>,
+}
+
+impl Fence {
+    /// Whether the session still holds the slot, asking the database at
+    /// most every [`FENCE_CHECK`].
+    pub(super) async fn check(&self, relay: &WalRelay) -> Result<(), WalError> {
+        let due = self.lock().elapsed() >= FENCE_CHECK;
+        if due {
+            let slot = &relay.config.slot;
+            if !service::wal::relay::holds(&relay.db, slot, self.generation).await? {
+                return Err(WalError::Fenced(slot.clone()));
+            }
+            *self.lock() = Instant::now();
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.checked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 impl WalRelay {
+    /// Takes the slot's relaying over for a session that has just taken the
+    /// slot (see [`service::wal::relay::take_over`]).
+    pub(super) async fn take_over(&self) -> Result<Fence, DbErr> {
+        let generation = service::wal::relay::take_over(&self.db, &self.config.slot).await?;
+        Ok(Fence {
+            generation,
+            checked: std::sync::Mutex::new(Instant::now()),
+        })
+    }
+
     /// Records a published window in one transaction (see
-    /// [`service::wal::relay::record_window`]).
+    /// [`service::wal::relay::record_window`]); [`WalError::Fenced`] when
+    /// another session took the slot over, and nothing is recorded.
     pub(super) async fn record(
         &self,
+        fence: &Fence,
         published: usize,
         rows: Vec<(outbox_message::ActiveModel, WalEvent)>,
         undecodable: &[(Vec<u8>, String)],
-        end: Option<Lsn>,
-        partial: Option<Partial>,
-    ) -> Result<(), DbErr> {
-        service::wal::relay::record_window(
+        window: (Option<Lsn>, Option<Partial>),
+    ) -> Result<(), WalError> {
+        let holder = Holder {
+            slot: &self.config.slot,
+            generation: fence.generation,
+        };
+        let (end, partial) = window;
+        let reached = Reached {
+            end: end.map(lsn_value),
+            partial,
+        };
+        let recorded = service::wal::relay::record_window(
             &self.db,
-            &self.config.slot,
+            holder,
             published,
             rows,
             undecodable,
-            Reached {
-                end: end.map(lsn_value),
-                partial,
-            },
+            reached,
         )
-        .await
+        .await?;
+        if recorded {
+            Ok(())
+        } else {
+            Err(WalError::Fenced(self.config.slot.clone()))
+        }
     }
 
     /// Where the relays of this slot durably got to.

@@ -1,0 +1,94 @@
+//! A relay frozen past `wal_sender_timeout` loses the slot to a standby.
+//! Woken, it must not go on publishing the window it held: the standby
+//! published that window already, and copies past the duplicate window
+//! would be stored twice, and a key's events out of order.
+
+use std::time::Duration;
+
+use crate::helpers::ledger_stream;
+use crate::support::nats::NatsServer;
+use crate::support::postgres::PrivatePostgres;
+use crate::support::process::Seawall;
+use crate::support::{TestDb, pg_count};
+use crate::wal::{slot_holder, slot_of, wal_env};
+use crate::wal_windows::{assert_published_once_in_order, commit_one_key, stream_messages, until};
+
+/// Long enough for a standby to take over and publish the held window
+/// again within it (so what both published before the freeze is one copy),
+/// short enough to wait out before the frozen relay wakes.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// The holder is frozen (SIGSTOP) in the middle of a window of 3,000 events
+/// of one ordering key; PostgreSQL ends its session after 2 s, the standby
+/// takes the slot and publishes the window; past the duplicate window the
+/// holder is woken (SIGCONT). It finds another session holds the slot and
+/// stops before its next round: the stream holds each event once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_woken_after_a_standby_took_over_publishes_nothing_more() {
+    let pg = PrivatePostgres::start(&["wal_level=logical", "wal_sender_timeout=2s"]);
+    let t = TestDb::on_postgres(&pg.url).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &ledger_stream(DUPLICATE_WINDOW))
+        .await
+        .unwrap();
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let env = wal_env(&t, &nats.url(), &[("SEAWALL_DUPLICATE_WINDOW_MS", "10000")]);
+    let mut holder = Seawall::spawn(&["relay"], &env);
+    until(
+        &holder,
+        "the first relay holds the slot",
+        Duration::from_secs(60),
+        || async { slot_holder(&t).await.is_some() },
+    )
+    .await;
+    let first = slot_holder(&t).await;
+    let mut standby = Seawall::spawn(&["relay"], &env);
+    let ids = commit_one_key(&t.db, 1, 3_000).await;
+    until(
+        &holder,
+        "300 events published",
+        Duration::from_secs(60),
+        || async { stream_messages(&js).await >= 300 },
+    )
+    .await;
+    holder.freeze();
+    assert!(
+        stream_messages(&js).await < 3_000,
+        "the holder published the whole window before it was frozen"
+    );
+    until(
+        &standby,
+        "the standby publishes the window",
+        Duration::from_secs(60),
+        || async {
+            let held = slot_holder(&t).await;
+            held.is_some()
+                && held != first
+                && stream_messages(&js).await >= 3_000
+                && pg_count(
+                    &t.db,
+                    "SELECT count(*) FROM wal_relay_position WHERE lsn > 0",
+                )
+                .await
+                    == 1
+        },
+    )
+    .await;
+    tokio::time::sleep(DUPLICATE_WINDOW + Duration::from_secs(1)).await;
+    holder.thaw();
+    until(
+        &holder,
+        "the woken relay's session ends",
+        Duration::from_secs(60),
+        || async { holder.log_text().contains("WAL relay session ended") },
+    )
+    .await;
+    assert_published_once_in_order(&standby, &t, &js, &ids).await;
+    for relay in [&mut holder, &mut standby] {
+        assert!(relay.terminate().await.success(), "{}", relay.log_text());
+        relay.assert_no_panic();
+    }
+}
