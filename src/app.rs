@@ -25,7 +25,10 @@ use worker::{Consumer, Relay, RelayConfig, StreamSpec, maintenance};
 
 use crate::config::Settings;
 
+mod drain;
 mod startup;
+
+pub use drain::drain_wal_slot;
 
 use startup::wait_out_broker;
 pub use startup::{connect_db_waiting, wait_out_database};
@@ -154,6 +157,11 @@ impl Application {
         // every process that may write events makes sure it does first.
         if wal && roles.workers() {
             worker::relay::wal::prepare(&db, &settings.wal_slot()).await?;
+        }
+        // Consumers write their handlers' events; in table mode, on a
+        // database in WAL mode, they would reorder a key's events.
+        if !wal && roles.consume && db.get_database_backend() == sea_orm::DbBackend::Postgres {
+            service::wal::slot::check_table_mode(&db).await?;
         }
         let wal_relay = if roles.relay && wal {
             let config = WalRelayConfig {

@@ -36,6 +36,11 @@ enum Command {
         /// and events not yet relayed from it are lost. Stop the relays first.
         #[arg(long)]
         drop_slot: bool,
+        /// With --drop-slot: relay what the slot holds first, then drop it,
+        /// switching the database back to table mode. Stop every WAL-mode
+        /// process first: what one writes meanwhile is lost with the slot.
+        #[arg(long, requires = "drop_slot")]
+        drain: bool,
     },
     /// Only the JetStream consumers (several may share one durable consumer),
     /// with the claim sweeper and the pruner.
@@ -127,7 +132,13 @@ async fn run() -> Result<()> {
             );
         }
         Command::Run => serve(settings, Roles::ALL, domain::domain(&loaded)?).await?,
-        Command::Relay { drop_slot: true } => {
+        Command::Relay {
+            drop_slot: true,
+            drain: true,
+        } => seawall::app::drain_wal_slot(settings, domain::domain(&loaded)?).await?,
+        Command::Relay {
+            drop_slot: true, ..
+        } => {
             let db = connect_db(&settings.database_url, 1).await?;
             let slot = settings.wal_slot();
             let dropped = worker::relay::wal::drop_slot(&db, &slot).await?;
@@ -136,7 +147,9 @@ async fn run() -> Result<()> {
                 if dropped { "dropped" } else { "there was no" }
             );
         }
-        Command::Relay { drop_slot: false } => {
+        Command::Relay {
+            drop_slot: false, ..
+        } => {
             serve(settings, Roles::RELAY, domain::domain(&loaded)?).await?;
         }
         Command::Consume => serve(settings, Roles::CONSUME, domain::domain(&loaded)?).await?,

@@ -21,5 +21,6 @@ mod shutdown;
 mod wal;
 mod wal_connection;
 mod wal_fence;
+mod wal_mode;
 mod wal_slot;
 mod wal_windows;

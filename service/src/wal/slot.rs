@@ -25,6 +25,22 @@ pub enum SlotError {
         /// What is wrong with it.
         problem: String,
     },
+    /// Another slot relays this database's outbox already.
+    #[error(
+        "wal_slot {slot:?}: this database's outbox is relayed from slot {other:?} already, and two slots would each publish every event; set wal_slot = {other:?}, or, to move to a new slot, stop every WAL-mode process and drain and drop the old one first (`seawall relay --drop-slot --drain` with wal_slot = {other:?})"
+    )]
+    OtherSlot {
+        /// The slot this process was given.
+        slot: String,
+        /// The slot relaying the database.
+        other: String,
+    },
+    /// The database is in WAL mode, and this process would write its events
+    /// to the table.
+    #[error(
+        "outbox_mode = \"table\", but this database's outbox is in WAL mode (slot {0:?}): a table-mode writer would publish a key's events ahead of that key's events still in the slot; set outbox_mode = \"wal\", or switch the database back to table mode once every WAL-mode process has stopped, with `seawall relay --drop-slot --drain` (and outbox_mode = \"wal\"), which publishes what the slot holds before dropping it"
+    )]
+    InWalMode(String),
     /// The slot is held by a running relay (drop refused).
     #[error(
         "replication slot {0:?} is in use by a running relay; stop the relays before dropping it"
@@ -142,6 +158,12 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
     if level != "logical" {
         return Err(SlotError::WalLevel(level));
     }
+    if let Some(other) = wal_slots(db).await?.into_iter().find(|s| s != slot) {
+        return Err(SlotError::OtherSlot {
+            slot: slot.to_owned(),
+            other,
+        });
+    }
     let database = one_text(db, "SELECT current_database()::text AS value").await?;
     publication(db, slot).await?;
     // Nothing can be decoded from an invalidated slot any more. Dropped
@@ -217,7 +239,47 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
             problem,
         });
     }
+    // The database is in WAL mode from here: its row says which slot
+    // relays it (a session's position and generation go in it later).
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, 0) ON CONFLICT (slot) DO NOTHING",
+        [slot.into()],
+    ))
+    .await?;
     Ok(loss)
+}
+
+/// The slots relaying this database's outbox: those a WAL-mode process
+/// recorded (in `wal_relay_position`) that still exist. The database is in
+/// WAL mode while there is one; dropping the slot (`seawall relay
+/// --drop-slot`) ends it.
+///
+/// # Errors
+/// The database error.
+pub async fn wal_slots<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr> {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT p.slot AS value FROM wal_relay_position p \
+             JOIN pg_replication_slots s ON s.slot_name = p.slot \
+             WHERE s.database = current_database() ORDER BY p.slot",
+        ))
+        .await?;
+    rows.iter().map(|row| row.try_get("", "value")).collect()
+}
+
+/// Refuses a process that would write events to the table on a database in
+/// WAL mode ([`SlotError::InWalMode`]): the mode is the database's, so a
+/// rolling switch cannot have writers of both modes reorder a key.
+///
+/// # Errors
+/// [`SlotError::InWalMode`] naming the slot, or the database error.
+pub async fn check_table_mode(db: &DatabaseConnection) -> Result<(), SlotError> {
+    match wal_slots(db).await?.into_iter().next() {
+        Some(slot) => Err(SlotError::InWalMode(slot)),
+        None => Ok(()),
+    }
 }
 
 /// Creates the slot's publication when missing. It must exist before the

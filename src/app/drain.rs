@@ -1,0 +1,86 @@
+//! Switching a database in WAL mode back to table mode: the slot's backlog
+//! is relayed first, then the slot is dropped (`seawall relay --drop-slot
+//! --drain`).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+use super::{Application, Domain, Roles, connect_db_waiting, stop_on_signal};
+use crate::config::Settings;
+
+/// How often the drain checks how far the slot is confirmed.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Relays what the WAL slot holds up to now, then drops the slot, its
+/// publication and position, which ends WAL mode for the database: a
+/// table-mode consumer may start after. Every WAL-mode process must have
+/// stopped first: what one writes after the drain began is lost with the
+/// slot. Events the relay hands to the table (refused ones, and those
+/// queued behind them) are published by the table relays afterwards.
+///
+/// # Errors
+/// `outbox_mode` is not `wal`, the drain was interrupted (the slot is left
+/// as it was), or the database, broker or slot failed.
+pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
+    anyhow::ensure!(
+        settings.outbox_mode == service::OutboxMode::Wal,
+        "--drain relays the WAL slot before dropping it: run it with outbox_mode = \"wal\""
+    );
+    let slot = settings.wal_slot();
+    let pool = settings.pool_size(&Roles::RELAY, domain.registry.registrations().len())?;
+    let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
+    // Everything committed before now; nothing should come after.
+    let target = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT pg_current_wal_lsn()::text AS lsn",
+        ))
+        .await?
+        .context("reading the current WAL position")?
+        .try_get::<String>("", "lsn")?;
+    let app = Application::build(settings, Roles::RELAY, domain, db.clone(), None).await?;
+    let stop = stop_on_signal();
+    let drained = stop.child_token();
+    let watch = {
+        let (db, slot, target, done) = (db.clone(), slot.clone(), target.clone(), drained.clone());
+        tokio::spawn(async move {
+            let caught_up = Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT count(*) AS n FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND confirmed_flush_lsn >= $2::pg_lsn",
+                [slot.into(), target.into()],
+            );
+            loop {
+                let reached = db
+                    .query_one_raw(caught_up.clone())
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|row| row.try_get::<i64>("", "n").ok())
+                    == Some(1);
+                if reached {
+                    done.cancel();
+                    return;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        })
+    };
+    eprintln!("relaying WAL slot {slot} up to {target} before dropping it");
+    // The relay's run ends on the drain's cancel (a child of the signal's).
+    let stopped = app.run_until(drained.clone()).await;
+    watch.abort();
+    stopped?;
+    anyhow::ensure!(
+        !stop.is_cancelled(),
+        "interrupted before slot {slot} was drained; it is left as it was"
+    );
+    let dropped = worker::relay::wal::drop_slot(&db, &slot).await?;
+    println!(
+        "drained up to {target} and {} replication slot {slot}",
+        if dropped { "dropped" } else { "there was no" }
+    );
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The outbox mode is the database's: once a WAL-mode process has made the
+//! slot, a table-mode consumer (which would publish a key's new events
+//! ahead of those still in the slot) and a WAL-mode process with another
+//! slot (which would publish every event a second time) refuse to start,
+//! each naming the setting; `seawall relay --drop-slot --drain` relays the
+//! slot's backlog, drops it, and table mode may start again.
+
+use std::time::Duration;
+
+use crate::helpers::{env, stored_on, with_ledger_stream};
+use crate::support::domain::RECORDED_SUBJECT;
+use crate::support::process::Seawall;
+use crate::support::{Backend, TestDb};
+use crate::wal::{commit_events, recorded, slot_of, wal_env};
+
+/// Starts `seawall args` and asserts it exits unsuccessfully within 60 s,
+/// naming `needle` on stderr.
+async fn refused(args: &[&str], env: &[(&'static str, String)], needle: &str) {
+    let mut process = Seawall::spawn(args, env);
+    let exited = tokio::time::timeout(Duration::from_secs(60), process.wait()).await;
+    let log = process.log_text();
+    let Ok(status) = exited else {
+        process.terminate().await;
+        panic!("`seawall {args:?}` started instead of refusing:\n{log}");
+    };
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(needle),
+        "the refusal should name {needle}:\n{log}"
+    );
+    process.assert_no_panic();
+}
+
+/// Waits until `seawall args` says it runs, then stops it.
+async fn starts(args: &[&str], env: &[(&'static str, String)]) {
+    let mut process = Seawall::spawn(args, env);
+    crate::wal_windows::until(&process, "it runs", Duration::from_secs(60), || async {
+        process.log_text().contains("seawall is running")
+    })
+    .await;
+    assert!(
+        process.terminate().await.success(),
+        "{}",
+        process.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_outbox_mode_is_the_databases_until_the_slot_is_drained() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let table = env(&t.url, &nats.url(), &[]);
+    // Table mode on a database that never was in WAL mode starts.
+    starts(&["consume"], &table).await;
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..50).map(|i| format!("drain-{i}")).collect();
+    commit_events(
+        &t.db,
+        ids.iter().map(|id| recorded(id, Some("k"))).collect(),
+    )
+    .await;
+    refused(&["consume"], &table, "outbox_mode").await;
+    let other = wal_env(
+        &t,
+        &nats.url(),
+        &[("SEAWALL_WAL_SLOT", "seawall_another_slot")],
+    );
+    refused(&["relay"], &other, "wal_slot").await;
+    assert!(no_slot(&t, "seawall_another_slot").await);
+
+    let out = seawall_drain(&wal_env(&t, &nats.url(), &[]));
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("dropped replication slot"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored: Vec<String> = stored_on(&js, RECORDED_SUBJECT)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(stored, ids, "the drain relays the slot's backlog, in order");
+    starts(&["consume"], &table).await;
+}
+
+/// `seawall relay --drop-slot --drain`, to its exit.
+fn seawall_drain(env: &[(&'static str, String)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
+    cmd.args(["relay", "--drop-slot", "--drain"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// Whether `slot` does not exist.
+async fn no_slot(t: &TestDb, slot: &str) -> bool {
+    crate::support::pg_count(
+        &t.db,
+        &format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'"),
+    )
+    .await
+        == 0
+}
