@@ -61,13 +61,11 @@ async fn the_outbox_mode_is_the_databases_until_the_slot_is_drained() {
     )
     .await;
     refused(&["consume"], &table, "outbox_mode").await;
-    let other = wal_env(
-        &t,
-        &nats.url(),
-        &[("SEAWALL_WAL_SLOT", "seawall_another_slot")],
-    );
+    // Slot names are the cluster's: one of this test's own.
+    let another = format!("{}_2", slot_of(&t));
+    let other = wal_env(&t, &nats.url(), &[("SEAWALL_WAL_SLOT", another.as_str())]);
     refused(&["relay"], &other, "wal_slot").await;
-    assert!(no_slot(&t, "seawall_another_slot").await);
+    assert!(no_slot(&t, &another).await);
 
     let out = seawall_drain(&wal_env(&t, &nats.url(), &[]));
     assert!(
