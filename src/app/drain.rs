@@ -53,16 +53,16 @@ pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
                 [slot.into(), target.into()],
             );
             loop {
-                let reached = db
-                    .query_one_raw(caught_up.clone())
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|row| row.try_get::<i64>("", "n").ok())
-                    == Some(1);
-                if reached {
-                    done.cancel();
-                    return;
+                match db.query_one_raw(caught_up.clone()).await {
+                    Ok(row) => {
+                        if row.and_then(|r| r.try_get::<i64>("", "n").ok()) == Some(1) {
+                            done.cancel();
+                            return;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not read how far the slot is confirmed")
+                    }
                 }
                 tokio::time::sleep(POLL).await;
             }
@@ -74,9 +74,22 @@ pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
     watch.abort();
     stopped?;
     anyhow::ensure!(
-        !stop.is_cancelled(),
-        "interrupted before slot {slot} was drained; it is left as it was"
+        drained.is_cancelled() && !stop.is_cancelled(),
+        "stopped before slot {slot} was drained; it is left as it was"
     );
+    // The relay's replication connection ends a moment after the relay.
+    let active = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT count(*) AS n FROM pg_replication_slots WHERE slot_name = $1 AND active",
+        [slot.clone().into()],
+    );
+    for _ in 0..150 {
+        let row = db.query_one_raw(active.clone()).await?;
+        if row.and_then(|r| r.try_get::<i64>("", "n").ok()) == Some(0) {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
     let dropped = worker::relay::wal::drop_slot(&db, &slot).await?;
     println!(
         "drained up to {target} and {} replication slot {slot}",

@@ -69,7 +69,8 @@ pub async fn position(db: &DatabaseConnection, slot: &str) -> Result<Position, D
     let commit = row.try_get::<Option<i64>>("", "txn_lsn")?.map(number);
     let messages = number(row.try_get::<i64>("", "txn_messages")?);
     Ok(Position {
-        lsn: Some(lsn),
+        // 0: the slot's row, made before any window was recorded.
+        lsn: (lsn > 0).then_some(lsn),
         // A transaction at or before `lsn` is never sent again.
         partial: commit
             .filter(|&commit| commit > lsn && messages > 0)
@@ -85,17 +86,29 @@ pub async fn position(db: &DatabaseConnection, slot: &str) -> Result<Position, D
 /// # Errors
 /// The database error.
 pub async fn take_over(db: &DatabaseConnection, slot: &str) -> Result<i64, DbErr> {
-    let row = db
+    let txn = db.begin().await?;
+    // A holder frozen inside its record holds the row: wait a bounded
+    // time, then this session ends and tries again.
+    txn.execute_unprepared("SET LOCAL lock_timeout = '5s'")
+        .await?;
+    // Never the same number twice, even after the row was dropped with
+    // its slot and made again: at least the clock's microseconds.
+    let row = txn
         .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            "INSERT INTO wal_relay_position (slot, lsn, generation) VALUES ($1, 0, 1) \
-             ON CONFLICT (slot) DO UPDATE SET generation = wal_relay_position.generation + 1 \
+            "INSERT INTO wal_relay_position (slot, lsn, generation) VALUES ($1, 0, \
+                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
+             ON CONFLICT (slot) DO UPDATE SET generation = GREATEST( \
+                 wal_relay_position.generation + 1, \
+                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
              RETURNING generation",
             [slot.into()],
         ))
         .await?
         .ok_or_else(|| DbErr::RecordNotFound("wal_relay_position".into()))?;
-    row.try_get("", "generation")
+    let generation = row.try_get("", "generation")?;
+    txn.commit().await?;
+    Ok(generation)
 }
 
 /// Whether the session of `generation` still holds `slot`: no other session

@@ -57,8 +57,13 @@ fn connection(url: &str, slot: &str, env: Env<'_>) -> Result<ReplicationConfig, 
             .filter(|v| !v.is_empty())
             .or_else(|| env(var).filter(|v| !v.is_empty()))
     };
-    let host = setting("host", parsed.host_str().map(Into::into), "PGHOST")
-        .unwrap_or_else(|| "localhost".into());
+    // A socket directory may come percent-encoded in the URL's host; an
+    // IPv6 address comes in brackets.
+    let url_host = match parsed.host_str() {
+        Some(host) => Some(decode(host.trim_start_matches('[').trim_end_matches(']'))?),
+        None => None,
+    };
+    let host = setting("host", url_host, "PGHOST");
     let hostaddr = setting("hostaddr", None, "PGHOSTADDR");
     let port = match setting("port", parsed.port().map(|p| p.to_string()), "PGPORT") {
         Some(port) => port
@@ -66,6 +71,19 @@ fn connection(url: &str, slot: &str, env: Env<'_>) -> Result<ReplicationConfig, 
             .map_err(|_| WalError::Url(format!("port {port:?} is not a port number")))?,
         None => 5432,
     };
+    // Without a host, the server's socket where it usually is, as sqlx
+    // looks for it; else TCP on localhost.
+    let host = host.unwrap_or_else(|| {
+        ["/var/run/postgresql", "/private/tmp", "/tmp"]
+            .into_iter()
+            .find(|dir| {
+                std::path::Path::new(dir)
+                    .join(format!(".s.PGSQL.{port}"))
+                    .exists()
+            })
+            .unwrap_or("localhost")
+            .to_owned()
+    });
     let url_user = match parsed.username() {
         "" => None,
         user => Some(decode(user)?),
@@ -155,8 +173,8 @@ fn password_file(
             return None;
         }
     }
-    // A socket directory is `localhost` in the file.
-    let host = if host.starts_with('/') {
+    // The default socket directory is `localhost` in the file.
+    let host = if host == "/var/run/postgresql" || host == "/tmp" {
         "localhost"
     } else {
         host
@@ -170,21 +188,27 @@ fn password_file(
             let matches = fields[..4]
                 .iter()
                 .zip(wanted)
-                .all(|(field, value)| field == "*" || field == value);
-            matches.then(|| fields[4].clone())
+                .all(|((field, escaped), value)| (field == "*" && !escaped) || field == value);
+            matches.then(|| fields[4].0.clone())
         })
 }
 
-/// The five fields of a password file line, unescaped; `None` when it has
-/// fewer.
-fn pgpass_fields(line: &str) -> Option<Vec<String>> {
-    let mut fields = vec![String::new()];
+/// The five fields of a password file line, unescaped, each with whether
+/// it held an escape (an escaped `*` is no wildcard); `None` when it has
+/// fewer. The password ends at an unescaped `:`, as in libpq.
+fn pgpass_fields(line: &str) -> Option<Vec<(String, bool)>> {
+    let mut fields = vec![(String::new(), false)];
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         match c {
-            '\\' => fields.last_mut()?.push(chars.next().unwrap_or('\\')),
-            ':' if fields.len() < 5 => fields.push(String::new()),
-            c => fields.last_mut()?.push(c),
+            '\\' => {
+                let field = fields.last_mut()?;
+                field.0.push(chars.next().unwrap_or('\\'));
+                field.1 = true;
+            }
+            ':' if fields.len() == 5 => break,
+            ':' => fields.push((String::new(), false)),
+            c => fields.last_mut()?.0.push(c),
         }
     }
     (fields.len() == 5).then_some(fields)
@@ -272,6 +296,10 @@ mod tests {
             (env.host.as_str(), env.port, env.database.as_str()),
             ("pg.internal", 6000, "u")
         );
+        let socket = with_env("postgres://%2Frun%2Fpg/d", &[]).unwrap();
+        assert_eq!(socket.host, "/run/pg");
+        let v6 = with_env("postgres://[::1]:5433/d", &[]).unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", 5433));
         let addr = with_env(
             "postgres://db.example/d?hostaddr=10.0.0.7&sslmode=verify-full",
             &[],
@@ -298,6 +326,16 @@ mod tests {
         assert_eq!(c.password, "wrong:one");
         let c = with_env("postgres://app@db.example:5432/orders", &env).unwrap();
         assert_eq!(c.password, "a:b\\c");
+        let star = dir.path().join("star");
+        std::fs::write(&star, "\\*:*:*:app:literal-star\n*:*:*:app:any:trailing\n").unwrap();
+        std::fs::set_permissions(&star, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let star_path = star.display().to_string();
+        let star_env = [("PGPASSFILE", star_path.as_str())];
+        let c = with_env("postgres://app@db.example/orders", &star_env).unwrap();
+        assert_eq!(
+            c.password, "any",
+            "an escaped * is no wildcard; the password ends at a colon"
+        );
         let given = with_env("postgres://app:given@db.example:5432/orders", &env).unwrap();
         assert_eq!(given.password, "given");
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -97,6 +97,10 @@ pub enum WalError {
     /// publishing and records nothing more.
     #[error("another WAL relay took replication slot {0:?} over")]
     Fenced(String),
+    /// The durable position moved while the session started (the session
+    /// it took over from recorded a window meanwhile).
+    #[error("the WAL relay's position moved while its session started; starting again from it")]
+    Moved,
     /// The relay was asked to stop before a window was published.
     #[error("the WAL relay stopped before its window was published")]
     Stopped,
@@ -246,6 +250,11 @@ impl WalRelay {
             return Err(err.into());
         }
         let fence = self.take_over().await?;
+        // A session fenced off only now may have recorded a piece since the
+        // position was read: start again from where it got to.
+        if self.position().await? != position {
+            return Err(WalError::Moved);
+        }
         tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
         metrics::gauge!("seawall_wal_relay_active").set(1.0);
         let stop = cancel.child_token();

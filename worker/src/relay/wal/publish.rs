@@ -89,6 +89,12 @@ impl WalRelay {
                 }
                 Ok(())
             }
+            // The session that took the slot over publishes the window
+            // again itself: what this one remembered is of no use now.
+            Err(err @ WalError::Fenced(_)) => {
+                known.clear();
+                Err(err)
+            }
             Err(err) => {
                 known.extend(acked);
                 Err(err)
@@ -112,13 +118,17 @@ impl WalRelay {
             let held = service::wal::relay::held_keys(&self.db, &events).await?;
             let (mut left, chains) = split(events, &held);
             let mut refused = Vec::new();
-            for chain in self.publish_chains(chains, fence, cancel).await? {
+            let (chains, fenced) = self.publish_chains(chains, fence, cancel).await;
+            for chain in chains {
                 metrics::counter!("seawall_relay_published_total")
                     .increment(chain.acked.len() as u64);
                 *published += chain.acked.len();
                 acked.extend(chain.acked);
                 left.extend(chain.unsent);
                 refused.extend(chain.failed);
+            }
+            if let Some(err) = fenced {
+                return Err(err);
             }
             let connected =
                 self.js.client().connection_state() == async_nats::connection::State::Connected;
@@ -192,15 +202,16 @@ impl WalRelay {
     /// PubAcks together. A chain stops at its first failure, so a key's
     /// events go out in order and none after a refused one. A round sends
     /// at most [`ROUND_LIMIT`] events; a stopping relay starts no further
-    /// round, and a session another has taken the slot from stops with
-    /// [`WalError::Fenced`], what it published of the window unrecorded
-    /// (the session that took over publishes the window again).
+    /// round, and a session that cannot tell it still holds the slot
+    /// (another took it over: [`WalError::Fenced`], or the database did not
+    /// answer) starts none either: that error comes back beside what the
+    /// rounds before acknowledged, which is not thrown away.
     async fn publish_chains(
         &self,
         chains: Vec<Vec<WalEvent>>,
         fence: &Fence,
         cancel: &CancellationToken,
-    ) -> Result<Vec<Chain>, WalError> {
+    ) -> (Vec<Chain>, Option<WalError>) {
         let mut results: Vec<Chain> = chains.iter().map(|_| Chain::default()).collect();
         let mut queues: Vec<VecDeque<WalEvent>> = chains.into_iter().map(Into::into).collect();
         loop {
@@ -208,9 +219,11 @@ impl WalRelay {
                 for (result, queue) in results.iter_mut().zip(&mut queues) {
                     result.unsent.extend(queue.drain(..));
                 }
-                return Ok(results);
+                return (results, None);
             }
-            fence.check(self).await?;
+            if let Err(err) = fence.check(self).await {
+                return (results, Some(err));
+            }
             let mut round = Vec::new();
             for (i, queue) in queues.iter_mut().enumerate() {
                 if round.len() == ROUND_LIMIT {
@@ -224,7 +237,7 @@ impl WalRelay {
                 }
             }
             if round.is_empty() {
-                return Ok(results);
+                return (results, None);
             }
             let acks = join_all(round.into_iter().map(|(i, event, sent)| async move {
                 let outcome = match sent {

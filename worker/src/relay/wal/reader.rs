@@ -191,7 +191,10 @@ impl Reader {
                         Ok(events) => events,
                         Err(err) => {
                             let error = format!("{err} ({} bytes)", content.len());
-                            window.undecodable.push((kept(&content), error));
+                            let kept = kept(&content);
+                            // Held until the window is recorded: counted.
+                            bytes += kept.len();
+                            window.undecodable.push((kept, error));
                             continue;
                         }
                     };
