@@ -31,40 +31,30 @@ enum WalRelayPosition {
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // One column per statement: SQLite alters one at a time.
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(WalRelayPosition::Table)
-                    .add_column(ColumnDef::new(WalRelayPosition::TxnLsn).big_integer())
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(WalRelayPosition::Table)
-                    .add_column(
-                        ColumnDef::new(WalRelayPosition::TxnMessages)
-                            .big_integer()
-                            .not_null()
-                            .default(0),
-                    )
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(WalRelayPosition::Table)
-                    .add_column(
-                        ColumnDef::new(WalRelayPosition::Generation)
-                            .big_integer()
-                            .not_null()
-                            .default(0),
-                    )
-                    .to_owned(),
-            )
-            .await
+        let counter = |name| {
+            ColumnDef::new(name)
+                .big_integer()
+                .not_null()
+                .default(0)
+                .to_owned()
+        };
+        for mut column in [
+            ColumnDef::new(WalRelayPosition::TxnLsn)
+                .big_integer()
+                .to_owned(),
+            counter(WalRelayPosition::TxnMessages),
+            counter(WalRelayPosition::Generation),
+        ] {
+            manager
+                .alter_table(
+                    Table::alter()
+                        .table(WalRelayPosition::Table)
+                        .add_column(&mut column)
+                        .to_owned(),
+                )
+                .await?;
+        }
+        Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {

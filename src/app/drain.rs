@@ -53,13 +53,12 @@ pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
                 [slot.into(), target.into()],
             );
             loop {
-                match db.query_one_raw(caught_up.clone()).await {
-                    Ok(row) => {
-                        if row.and_then(|r| r.try_get::<i64>("", "n").ok()) == Some(1) {
-                            done.cancel();
-                            return;
-                        }
+                match count(&db, &caught_up).await {
+                    Ok(1) => {
+                        done.cancel();
+                        return;
                     }
+                    Ok(_) => {}
                     Err(err) => {
                         tracing::warn!(error = %err, "could not read how far the slot is confirmed")
                     }
@@ -84,8 +83,7 @@ pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
         [slot.clone().into()],
     );
     for _ in 0..150 {
-        let row = db.query_one_raw(active.clone()).await?;
-        if row.and_then(|r| r.try_get::<i64>("", "n").ok()) == Some(0) {
+        if count(&db, &active).await? == 0 {
             break;
         }
         tokio::time::sleep(POLL).await;
@@ -96,4 +94,13 @@ pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
         if dropped { "dropped" } else { "there was no" }
     );
     Ok(())
+}
+
+/// The `n` a `SELECT count(*) AS n` statement answers.
+async fn count(
+    db: &sea_orm::DatabaseConnection,
+    statement: &Statement,
+) -> Result<i64, sea_orm::DbErr> {
+    let row = db.query_one_raw(statement.clone()).await?;
+    row.map_or(Ok(0), |r| r.try_get::<i64>("", "n"))
 }

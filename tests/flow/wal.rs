@@ -47,12 +47,20 @@ pub(crate) fn slot_of(t: &TestDb) -> String {
 /// Drops the test's slot with `seawall relay --drop-slot`, so the shared
 /// server does not keep its WAL.
 pub(crate) fn drop_slot(t: &TestDb) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"))
-        .args(["relay", "--drop-slot"])
-        .env("SEAWALL_DATABASE_URL", &t.url)
-        .env("SEAWALL_OUTBOX_MODE", "wal")
-        .output()
-        .unwrap();
+    let env = [
+        ("SEAWALL_DATABASE_URL", t.url.clone()),
+        ("SEAWALL_OUTBOX_MODE", "wal".to_owned()),
+    ];
+    relay_drops_slot(&[], &env);
+}
+
+/// Runs `seawall relay --drop-slot` with `extra` arguments and `env`, and
+/// asserts it dropped the slot.
+pub(crate) fn relay_drops_slot(extra: &[&str], env: &[(&str, String)]) {
+    let mut args = vec!["relay", "--drop-slot"];
+    args.extend_from_slice(extra);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = crate::support::seawall_output(&args, &env);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("dropped replication slot"),

@@ -11,7 +11,7 @@ use crate::helpers::{env, stored_on, with_ledger_stream};
 use crate::support::domain::RECORDED_SUBJECT;
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb};
-use crate::wal::{commit_events, recorded, slot_of, wal_env};
+use crate::wal::{commit_events, recorded, relay_drops_slot, slot_of, wal_env};
 
 /// Starts `seawall args` and asserts it exits unsuccessfully within 60 s,
 /// naming `needle` on stderr.
@@ -67,14 +67,7 @@ async fn the_outbox_mode_is_the_databases_until_the_slot_is_drained() {
     refused(&["relay"], &other, "wal_slot").await;
     assert!(no_slot(&t, &another).await);
 
-    let out = seawall_drain(&wal_env(&t, &nats.url(), &[]));
-    assert!(
-        out.status.success()
-            && String::from_utf8_lossy(&out.stdout).contains("dropped replication slot"),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    relay_drops_slot(&["--drain"], &wal_env(&t, &nats.url(), &[]));
     let stored: Vec<String> = stored_on(&js, RECORDED_SUBJECT)
         .await
         .into_iter()
@@ -82,16 +75,6 @@ async fn the_outbox_mode_is_the_databases_until_the_slot_is_drained() {
         .collect();
     assert_eq!(stored, ids, "the drain relays the slot's backlog, in order");
     starts(&["consume"], &table).await;
-}
-
-/// `seawall relay --drop-slot --drain`, to its exit.
-fn seawall_drain(env: &[(&'static str, String)]) -> std::process::Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
-    cmd.args(["relay", "--drop-slot", "--drain"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
 }
 
 /// Whether `slot` does not exist.

@@ -120,14 +120,15 @@ impl WalRelay {
             let (mut left, chains) = split(events, &held);
             let mut refused = Vec::new();
             let (chains, fenced) = self.publish_chains(chains, fence, cancel).await;
+            let before = acked.len();
             for chain in chains {
-                metrics::counter!("seawall_relay_published_total")
-                    .increment(chain.acked.len() as u64);
-                *published += chain.acked.len();
                 acked.extend(chain.acked);
                 left.extend(chain.unsent);
                 refused.extend(chain.failed);
             }
+            let newly = acked.len() - before;
+            *published += newly;
+            metrics::counter!("seawall_relay_published_total").increment(newly as u64);
             if let Some(err) = fenced {
                 return Err(err);
             }
