@@ -109,10 +109,10 @@ fn peak_rss_mib(pid: u32) -> u64 {
 const LARGE_EVENTS: usize = 6144;
 const LARGE_EVENT: usize = 64 << 10;
 /// What the relay may take while relaying it: the process itself (about
-/// 60 MiB in a debug build), three windows of 16 MiB, 1,024 buffered
-/// replication messages (64 MiB of these) and a window's publishes in the
+/// 60 MiB in a debug build), three windows of 16 MiB, 256 buffered
+/// replication messages (16 MiB of these) and a window's publishes in the
 /// NATS client, with room for the allocator; well below the transaction
-/// (measured 203 MiB; 441 MiB without pieces).
+/// (measured 150-164 MiB; 441 MiB without pieces).
 const LARGE_RSS_BOUND_MIB: u64 = 256;
 
 /// A transaction of 384 MiB (6,144 events of 64 KiB, each its own
