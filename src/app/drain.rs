@@ -31,11 +31,13 @@ pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
     let slot = settings.wal_slot();
     let pool = settings.pool_size(&Roles::RELAY, domain.registry.registrations().len())?;
     let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
-    // Everything committed before now; nothing should come after.
+    // Everything committed before now; nothing should come after. The
+    // insert position: with synchronous_commit = off a commit may not be
+    // written yet, and the write position would leave it out.
     let target = db
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
-            "SELECT pg_current_wal_lsn()::text AS lsn",
+            "SELECT pg_current_wal_insert_lsn()::text AS lsn",
         ))
         .await?
         .context("reading the current WAL position")?
