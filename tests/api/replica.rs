@@ -198,18 +198,22 @@ async fn pages_answer_from_the_replica_while_the_primary_is_stopped_and_writes_g
         "the write works again after the failover: {row}"
     );
     // SeawallAdminReplicaCutOff's runbook: the primary back (or a new one
-    // elected), the replica streams from it again and the metric the
-    // alert reads is 1 again.
+    // elected), the metric the alert reads is 0 no more. Patroni drops the
+    // leader key of a paused leader whose PostgreSQL is stopped, so on
+    // resume either node may lead: the old leader again, and the replica
+    // streams from it (1); or the replica, promoted, and the pool's
+    // connections (which HAProxy sends to the leader while no replica runs)
+    // read from a primary, which has no receiver (absent).
     wait_until(
-        "the replica streams again",
+        "the replica streams again or the reads are on the new primary",
         Duration::from_secs(120),
         || {
             let api = &api;
             async move {
-                api.metrics()
-                    .await
-                    .1
-                    .contains("\nseawall_admin_replica_streaming 1\n")
+                let metrics = api.metrics().await.1;
+                metrics.contains("\nseawall_admin_replica_streaming 1\n")
+                    || (!metrics.contains("\nseawall_admin_replica_streaming ")
+                        && api.get("/api/v1/stats").await.1["replica"]["in_recovery"] == false)
             }
         },
     )
