@@ -115,6 +115,8 @@ class Soak(Cluster, Faults, Failover, Load, Checks):
         # slower than `seawall` did) and stop it for the whole soak.
         await self.wait_started(list(self.procs), lambda: all(self.running(n) for n in self.procs))
         self.log("testbed", "4 consume, 2 relay, 1 api running")
+        if a.failover and a.outbox_mode == "wal":
+            self.declare_permanent_slot()
         valid, malformed, missing = self.plan_messages()
         self.valid_total = len(valid)
         load_seconds = a.messages / a.rate
@@ -137,6 +139,8 @@ class Soak(Cluster, Faults, Failover, Load, Checks):
                   "throughput_per_10s": self.throughput(), "failures": failures}
         self.stop_all()
         if a.outbox_mode == "wal":
+            if a.failover:
+                self.forget_permanent_slot()
             # The slot would keep the shared cluster's WAL from now on.
             port = a.pg_url.rsplit(":", 1)[1]
             subprocess.run(["psql", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-c",

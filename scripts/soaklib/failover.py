@@ -13,6 +13,12 @@
   promotes no replica more than `maximum_lag_on_failover` (1 MiB) behind,
   so S stays around a second at the soak's rates.
 
+With --outbox-mode wal the relays' slot is declared a Patroni permanent
+slot once they made it: Patroni copies it to the replica and moves it there
+to the leader's confirmed position, so the new leader has it after either
+fault. Each fault waits, before and after, until Patroni says the replica's
+copy is safe to use after a failover.
+
 Each records its recovery times: until HAProxy routes writes to the new
 leader, until the testbed's readyz answers 200, and until a ledger entry
 committed after the fault is visible (processing resumed), unless every valid
@@ -20,6 +26,7 @@ message was recorded before the fault and nothing was left to resume.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -95,6 +102,52 @@ class Failover:
         roles = sorted(role for role, state in members.values() if state in ("running", "streaming"))
         return roles == sorted(["leader", replica])
 
+    def wal_slot(self):
+        """The WAL relays' slot: seawall's default name for the soak's database."""
+        return re.sub("[^a-z0-9]", "_", f"seawall_{self.db}".lower())
+
+    def patroni_edit(self, *settings):
+        leader = self.wait_for("a Patroni leader", self.leader)
+        args = [arg for setting in settings for arg in ("-s", setting)]
+        subprocess.run(["patronictl", "-c", self.patroni_config(leader), "edit-config", "--force", *args],
+                       check=True, capture_output=True)
+
+    def log_sizes(self):
+        """Where each node's Patroni log ends now."""
+        return {node: os.path.getsize(os.path.join(self.args.ha_dir, node, "patroni.log")) for node in NODES}
+
+    def wait_slot_safe(self, since):
+        """Waits until a replica's Patroni logs, after the log positions
+        `since`, that its copy of the WAL slot is safe to use after a
+        failover (the leader's catalog rows it needs are kept)."""
+        line = f"Logical slot {self.wal_slot()} is safe to be used after a failover"
+
+        def safe():
+            for node, offset in since.items():
+                with open(os.path.join(self.args.ha_dir, node, "patroni.log"), errors="replace") as f:
+                    f.seek(offset)
+                    if line in f.read():
+                        return True
+            return False
+
+        self.wait_for("the replica's copy of the WAL slot safe to use", safe, timeout=180)
+
+    def declare_permanent_slot(self):
+        """The WAL relays made their slot (its publication first); Patroni
+        is told to keep it on every node."""
+        slot = self.wal_slot()
+        self.wait_for("the WAL slot", lambda: self.psql(
+            f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'")[0][0] == "1")
+        since = self.log_sizes()
+        self.patroni_edit(f"slots.{slot}.type=logical", f"slots.{slot}.database={self.db}",
+                          f"slots.{slot}.plugin=pgoutput")
+        self.wait_slot_safe(since)
+        self.log("slot", f"{slot} is a Patroni permanent slot, on the replica too")
+
+    def forget_permanent_slot(self):
+        """The slot out of Patroni's configuration: Patroni then drops it."""
+        self.patroni_edit(f"slots.{self.wal_slot()}=null")
+
     def entries(self):
         try:
             return int(self.psql("SELECT count(*) FROM ledger_entry")[0][0])
@@ -132,6 +185,7 @@ class Failover:
         leader = self.wait_for("a Patroni leader", self.leader)
         candidate = next(n for n in NODES if n != leader)
         old_port = self.writable_leader()
+        since = self.log_sizes()
         started = now()
         out = subprocess.run(["patronictl", "-c", self.patroni_config(leader), "switchover", "--leader", leader,
                               "--candidate", candidate, "--force"], capture_output=True, text=True)
@@ -140,6 +194,8 @@ class Failover:
         self.log("fault", f"patronictl switchover {leader} -> {candidate}")
         self.record_failover("switchover", started, old_port)
         self.wait_for("the old leader rejoining as replica", self.replica_in_sync, timeout=180)
+        if self.args.outbox_mode == "wal":
+            self.wait_slot_safe(since)
 
     def replica_senders(self, replica):
         """The leader's WAL senders streaming to the replica (Patroni names
@@ -185,6 +241,7 @@ class Failover:
         with open(os.path.join(node_dir, "data", "postmaster.pid")) as f:
             postmaster_pid = int(f.readline())
         children = subprocess.run(["pgrep", "-P", str(postmaster_pid)], capture_output=True, text=True).stdout.split()
+        since = self.log_sizes()
         started = self.lag_then_kill(leader, patroni_pid, postmaster_pid)
         self.record_failover("failover", started, old_port)
         # The killed node comes back as the replica, as an operator would
@@ -201,3 +258,5 @@ class Failover:
             f.write(f"{proc.pid}\n")
         self.wait_for(f"{leader} rejoining as replica", self.replica_in_sync, timeout=180)
         self.log("restart", f"{leader} rejoined as replica after {now() - started:.1f} s")
+        if self.args.outbox_mode == "wal":
+            self.wait_slot_safe(since)

@@ -23,4 +23,5 @@ mod wal_connection;
 mod wal_fence;
 mod wal_mode;
 mod wal_slot;
+mod wal_standby;
 mod wal_windows;

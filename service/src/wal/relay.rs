@@ -130,6 +130,46 @@ pub async fn holds(db: &DatabaseConnection, slot: &str, generation: i64) -> Resu
     })
 }
 
+/// What the synchronous standbys of the server have of its WAL, for the
+/// relay's gate: PostgreSQL decodes a commit once it is flushed locally,
+/// before a synchronous standby has it, and a failover to that standby
+/// would lose a transaction whose events were already published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standbys {
+    /// `synchronous_standby_names` is set: commits wait for standbys, and
+    /// so must the relay.
+    pub required: bool,
+    /// The lowest position every connected synchronous (or quorum) standby
+    /// has flushed; `None` while none is connected.
+    pub flushed: Option<u64>,
+    /// The server's own flushed position now: past the commit of any
+    /// transaction already decoded.
+    pub local: u64,
+}
+
+/// Reads [`Standbys`] on the server `db` writes to.
+///
+/// # Errors
+/// The database error (a server in recovery cannot tell its flush position).
+pub async fn standbys(db: &DatabaseConnection) -> Result<Standbys, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT current_setting('synchronous_standby_names') <> '' AS required, \
+                    pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::bigint AS local, \
+                    (SELECT pg_wal_lsn_diff(min(flush_lsn), '0/0')::bigint FROM pg_stat_replication \
+                      WHERE sync_state IN ('sync', 'quorum')) AS flushed",
+        ))
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("pg_stat_replication".into()))?;
+    let number = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(Standbys {
+        required: row.try_get("", "required")?,
+        flushed: row.try_get::<Option<i64>>("", "flushed")?.map(number),
+        local: number(row.try_get("", "local")?),
+    })
+}
+
 /// Most values bound in one statement: PostgreSQL takes at most 65,535,
 /// and a window may hand over more events (or name more keys) than that.
 const BINDS_PER_STATEMENT: usize = 10_000;

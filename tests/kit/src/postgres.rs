@@ -22,13 +22,7 @@ impl PrivatePostgres {
     /// Creates a cluster and starts it with `settings` (`name=value`, as
     /// `postgres -c` takes them).
     pub fn start(settings: &[&str]) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let status = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir.path())
-            .status()
-            .expect("chown");
-        assert!(status.success(), "handing the directory to postgres");
+        let dir = owned_tempdir();
         let data = data_of(&dir);
         as_postgres(&[
             &format!("{BIN}/initdb"),
@@ -40,6 +34,52 @@ impl PrivatePostgres {
             "postgres",
             "--no-sync",
         ]);
+        Self::launch(dir, settings)
+    }
+
+    /// A streaming standby of this server, its `application_name` `name`
+    /// (what `synchronous_standby_names` lists), started with `settings`.
+    /// The primary needs `max_wal_senders` (10 by default) and trust for
+    /// replication from 127.0.0.1 (initdb's default `pg_hba.conf` has it).
+    pub fn standby(&self, name: &str, settings: &[&str]) -> Self {
+        let dir = owned_tempdir();
+        let data = data_of(&dir);
+        let port = self.url.rsplit(':').next().expect("a port");
+        as_postgres(&[
+            &format!("{BIN}/pg_basebackup"),
+            "-D",
+            &data,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-U",
+            "postgres",
+            "-X",
+            "stream",
+            "--no-sync",
+        ]);
+        let data = std::path::Path::new(&data);
+        std::fs::write(data.join("standby.signal"), "").expect("standby.signal");
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.auto.conf"))
+            .expect("postgresql.auto.conf");
+        std::io::Write::write_all(
+            &mut conf,
+            format!(
+                "primary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name={name}'\n"
+            )
+            .as_bytes(),
+        )
+        .expect("primary_conninfo");
+        Self::hand_over(data);
+        Self::launch(dir, settings)
+    }
+
+    /// Starts the cluster in `dir` on a port of its own.
+    fn launch(dir: tempfile::TempDir, settings: &[&str]) -> Self {
+        let data = data_of(&dir);
         let port = free_port();
         let mut options = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off",
@@ -66,6 +106,13 @@ impl PrivatePostgres {
             url: format!("postgres://postgres@127.0.0.1:{port}"),
         }
     }
+}
+
+/// A temporary directory the server's user owns.
+fn owned_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    PrivatePostgres::hand_over(dir.path());
+    dir
 }
 
 impl PrivatePostgres {

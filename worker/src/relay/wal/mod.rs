@@ -21,6 +21,10 @@
 //!   window hands what it did not publish to the table and records the
 //!   window; a window whose record fails remembers what JetStream
 //!   acknowledged and skips it when read again.
+//! - **Only what the synchronous standbys have.** With
+//!   `synchronous_standby_names` set, a window waits until every
+//!   synchronous standby has flushed its transactions: a failover never
+//!   loses a transaction whose events went out.
 //! - **One event does not stop the rest.** When the broker is reachable but
 //!   refuses an event (no stream for its subject, a permission), the event is
 //!   handed to the table relay as a row of `outbox_message` with its error,
@@ -39,6 +43,7 @@
 //!   and dropping are `service::wal::slot`'s).
 //! - `reader`: windows of committed transactions (and pieces of large ones)
 //!   read from the stream, and confirming positions.
+//! - `gate`: windows held until the synchronous standbys have them.
 //! - `publish`: a window's events published in chains per ordering key, and
 //!   what is handed to the table.
 //! - `record`: what a published window leaves in the database (the
@@ -113,6 +118,7 @@ pub enum WalError {
 }
 
 mod connection;
+mod gate;
 mod publish;
 mod reader;
 mod record;
@@ -272,6 +278,7 @@ impl WalRelay {
         tokio::spawn(reader.run(windows, stop));
         self.warn_if_at_risk().await;
         let mut checked = std::time::Instant::now();
+        let mut gate = gate::Gate::default();
         loop {
             if checked.elapsed() >= RESERVE_CHECK {
                 self.warn_if_at_risk().await;
@@ -284,6 +291,9 @@ impl WalRelay {
                 () = cancel.cancelled() => break,
                 window = next.recv() => window.ok_or_else(ended)??,
             };
+            if !gate.wait(&self.db, &window, cancel).await? {
+                break;
+            }
             let waited = started.elapsed();
             self.relay_window(&window, &fence, cancel).await?;
             // A session that relays a window starts the reconnect backoff

@@ -1,0 +1,157 @@
+//! The WAL relay publishes only what every synchronous standby has: the
+//! walsender decodes a commit once it is flushed locally, while the client
+//! that committed still waits for the standby; a failover then would
+//! promote a standby without the transaction whose events went out.
+
+use std::process::Command;
+use std::time::Duration;
+
+use sea_orm::ConnectionTrait;
+
+use crate::helpers::ledger_stream;
+use crate::support::nats::NatsServer;
+use crate::support::postgres::PrivatePostgres;
+use crate::support::process::Seawall;
+use crate::support::{TestDb, connect, pg_count};
+use crate::wal::{commit_events, recorded, slot_holder, slot_of, wal_env};
+use crate::wal_windows::{stream_messages, until};
+
+/// A process stopped with SIGSTOP, continued on drop whatever the test
+/// did: a stopped WAL receiver would hold its server's shutdown.
+struct Stopped(i32);
+
+impl Stopped {
+    fn stop(pid: i32) -> Self {
+        signal(pid, "-STOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+fn signal(pid: i32, which: &str) {
+    let status = Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {which} {pid}");
+}
+
+/// A primary with a synchronous standby. The standby's WAL receiver is
+/// stopped (SIGSTOP) and a transaction of one event commits on the primary:
+/// flushed there, it waits for the standby, and the relay, which received
+/// it, holds it back until the standby is continued; then it is published,
+/// and the client's commit returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_waits_until_the_synchronous_standby_has_its_transaction() {
+    let primary = PrivatePostgres::start(&["wal_level=logical", "synchronous_commit=on"]);
+    let standby = PrivatePostgres::standby(&primary, "standby1", &[]);
+    let t = TestDb::on_postgres(&primary.url).await;
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'standby1'",
+        "SELECT pg_reload_conf()",
+    ] {
+        t.db.execute_unprepared(sql).await.unwrap();
+    }
+    let sync = "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'";
+    crate::support::wait_until(
+        "the standby is synchronous",
+        Duration::from_secs(30),
+        || async { pg_count(&t.db, sync).await == 1 },
+    )
+    .await;
+
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    until(
+        &relay,
+        "the relay holds the slot",
+        Duration::from_secs(60),
+        || async { slot_holder(&t).await.is_some() },
+    )
+    .await;
+    commit_events(&t.db, vec![recorded("before-stop", Some("k"))]).await;
+    // Published and recorded: the record, a commit too, must not be what
+    // waits for the stopped standby below.
+    until(
+        &relay,
+        "an event committed with the standby streaming is published",
+        Duration::from_secs(60),
+        || async {
+            stream_messages(&js).await == 1
+                && pg_count(
+                    &t.db,
+                    "SELECT count(*) FROM wal_relay_position WHERE lsn > 0",
+                )
+                .await
+                    == 1
+        },
+    )
+    .await;
+
+    let name = t.url.rsplit('/').next().unwrap().to_owned();
+    let on_standby = connect(&format!("{}/{name}", standby.url), 1).await;
+    let receiver = pg_count(&on_standby, "SELECT pid::bigint FROM pg_stat_wal_receiver").await;
+    let stopped = Stopped::stop(i32::try_from(receiver).unwrap());
+    let writer = connect(&format!("{}?application_name=sync_writer", t.url), 1).await;
+    let committing = tokio::spawn(async move {
+        commit_events(&writer, vec![recorded("while-stopped", Some("k"))]).await;
+    });
+    until(
+        &relay,
+        "the commit waits for the standby",
+        Duration::from_secs(30),
+        || async {
+            pg_count(
+                &t.db,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND application_name = 'sync_writer'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    // The transaction is flushed locally now: the relay's walsender sends
+    // it on, and the relay either publishes it (wrongly) or says why not.
+    until(
+        &relay,
+        "the relay holds the event back, or publishes it",
+        Duration::from_secs(60),
+        || async {
+            stream_messages(&js).await > 1
+                || relay
+                    .log_text()
+                    .contains("until the synchronous standbys have flushed it")
+        },
+    )
+    .await;
+    assert_eq!(
+        stream_messages(&js).await,
+        1,
+        "an event whose transaction the standby does not have was published"
+    );
+    assert!(!committing.is_finished());
+
+    drop(stopped);
+    committing.await.unwrap();
+    until(
+        &relay,
+        "the event is published once the standby has it",
+        Duration::from_secs(60),
+        || async { stream_messages(&js).await == 2 },
+    )
+    .await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+}
