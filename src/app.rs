@@ -94,6 +94,12 @@ const ADMIN_READ_POOL: u32 = 4;
 /// `connect_admin_reads`).
 const ADMIN_READ_ACQUIRE: Duration = Duration::from_secs(3);
 
+/// Connections of the WAL relay's own pool: its session runs one statement
+/// at a time.
+const WAL_RELAY_POOL: u32 = 2;
+/// How long the WAL relay waits for a connection (see `connect_wal_relay`).
+const WAL_RELAY_ACQUIRE: Duration = Duration::from_secs(3);
+
 /// A process, built and ready to run.
 pub struct Application {
     relay: Option<Relay>,
@@ -168,7 +174,8 @@ impl Application {
                 server_errors: Some(nats.server_errors.clone()),
                 ..settings.wal_relay()
             };
-            Some(WalRelay::new(db.clone(), js.clone(), config))
+            let wal_db = connect_wal_relay(&settings.database_url).await?;
+            Some(WalRelay::new(wal_db, js.clone(), config))
         } else {
             None
         };
@@ -448,6 +455,24 @@ fn connecting_to(url: &str) -> String {
         "connecting to the database at {}",
         crate::config::redact(url)
     )
+}
+
+/// Opens the WAL relay's pool, which gives up on a server that refuses
+/// connections within [`WAL_RELAY_ACQUIRE`] instead of the main pool's
+/// 30 s: the relay's session then ends and lets its replication slot go. A
+/// PostgreSQL shutting down (a restart, a switchover's demotion) waits for
+/// the slot's client to confirm all it was sent, which a relay that cannot
+/// record its windows never does; waiting out the restart for a connection
+/// would hold the shutdown, and the switchover, that long.
+///
+/// # Errors
+/// The URL is invalid.
+async fn connect_wal_relay(url: &str) -> Result<DatabaseConnection> {
+    let mut opts = service::db::options(url, WAL_RELAY_POOL, service::db::SqliteOptions::default());
+    opts.acquire_timeout(WAL_RELAY_ACQUIRE).connect_lazy(true);
+    sea_orm::Database::connect(opts)
+        .await
+        .with_context(|| connecting_to(url))
 }
 
 /// Opens the admin API's read replica pool. Lazily: a replica that is down

@@ -155,3 +155,59 @@ async fn an_event_waits_until_the_synchronous_standby_has_its_transaction() {
     assert!(relay.terminate().await.success(), "{}", relay.log_text());
     relay.assert_no_panic();
 }
+
+/// A relay holding a window it may not publish yet (`synchronous_standby_names`
+/// names a standby that is not connected) while PostgreSQL is stopped fast,
+/// as a restart or a switchover's demotion does: the server waits for the
+/// relay to confirm what it was sent, and the relay, which can no longer
+/// reach the database, lets the slot go within seconds instead of waiting
+/// out the 30 s its main pool would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_that_cannot_reach_its_database_does_not_hold_its_shutdown() {
+    let pg = PrivatePostgres::start(&["wal_level=logical"]);
+    let t = TestDb::on_postgres(&pg.url).await;
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'absent'",
+        "SELECT pg_reload_conf()",
+    ] {
+        t.db.execute_unprepared(sql).await.unwrap();
+    }
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    until(
+        &relay,
+        "the relay holds the slot",
+        Duration::from_secs(60),
+        || async { slot_holder(&t).await.is_some() },
+    )
+    .await;
+    // The server runs with synchronous_commit = off: the commit returns.
+    commit_events(&t.db, vec![recorded("held", Some("k"))]).await;
+    until(
+        &relay,
+        "the relay holds the event back",
+        Duration::from_secs(60),
+        || async {
+            relay
+                .log_text()
+                .contains("until the synchronous standbys have flushed it")
+        },
+    )
+    .await;
+    t.db.clone().close().await.unwrap();
+    assert!(
+        pg.stop_fast(15),
+        "PostgreSQL's fast shutdown still waits for the relay after 15 s; its log:\n{}",
+        relay.log_text()
+    );
+    assert_eq!(stream_messages(&js).await, 0);
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+}

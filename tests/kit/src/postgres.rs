@@ -129,6 +129,26 @@ impl PrivatePostgres {
         ]);
     }
 
+    /// Stops the server with a fast shutdown (clients disconnected, a
+    /// checkpoint written), waiting at most `seconds`; whether it stopped.
+    pub fn stop_fast(&self, seconds: u32) -> bool {
+        Command::new("setpriv")
+            .current_dir("/")
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg(format!("{BIN}/pg_ctl"))
+            .args(["-D", &data_of(&self.dir), "-m", "fast", "-w", "-t"])
+            .arg(seconds.to_string())
+            .arg("stop")
+            .status()
+            .expect("pg_ctl")
+            .success()
+    }
+
     /// A directory the server's user owns, for files it must read (a TLS
     /// key it accepts only when no one else can read it).
     pub fn private_dir(&self) -> std::path::PathBuf {
