@@ -100,7 +100,9 @@ impl PgServer {
     }
 }
 
-/// The server's version string, for the report's versions line.
+/// The server's version and durability settings, for the report's versions
+/// line: figures taken with `fsync` or `synchronous_commit` off say nothing
+/// about a server that flushes its WAL at every commit.
 ///
 /// # Errors
 /// When the query fails.
@@ -108,7 +110,10 @@ pub async fn version(db: &DatabaseConnection) -> Result<String> {
     let row = db
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
-            "SHOW server_version",
+            "SELECT format('%s (fsync %s, synchronous_commit %s, full_page_writes %s)', \
+                 current_setting('server_version'), current_setting('fsync'), \
+                 current_setting('synchronous_commit'), current_setting('full_page_writes')) \
+                 AS server_version",
         ))
         .await?
         .context("no version row")?;
