@@ -56,12 +56,18 @@ async fn a_relay_crash_after_the_puback_loses_nothing_and_duplicates_nothing(bac
     let (t, nats, js) = with_ledger_stream(backend).await;
     enqueue_many(&t.db, 200, "crash").await;
     let lease = [("SEAWALL_RELAY_LEASE_MS", "1000")];
+    // One lane, so that one round claims all 200 rows: with two, the other
+    // lane may hold some of them, still unpublished when the fault aborts.
     let mut crashing = Seawall::spawn(
         &["relay"],
         &env(
             &t.url,
             &nats.url(),
-            &[lease[0], ("TESTBED_FAULT", "relay-after-puback")],
+            &[
+                lease[0],
+                ("SEAWALL_RELAY_CONCURRENCY", "1"),
+                ("TESTBED_FAULT", "relay-after-puback"),
+            ],
         ),
     );
     let status = crashing.wait().await;

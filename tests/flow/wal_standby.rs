@@ -14,7 +14,7 @@ use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
 use crate::support::{TestDb, connect, pg_count};
 use crate::wal::{commit_events, recorded, slot_holder, slot_of, wal_env};
-use crate::wal_windows::{stream_messages, until};
+use crate::wal_windows::{commit_one_key, stream_messages, until};
 
 /// A process stopped with SIGSTOP, continued on drop whatever the test
 /// did: a stopped WAL receiver would hold its server's shutdown.
@@ -48,16 +48,35 @@ fn signal(pid: i32, which: &str) {
 /// and the client's commit returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_waits_until_the_synchronous_standby_has_its_transaction() {
+    held_until_the_standby_has_it("standby1", &[], 1).await;
+}
+
+/// The same with `synchronous_standby_names = 'ANY 1 (*)'`, where the
+/// relay's own walsender is a quorum member too: the gate counts physical
+/// standbys only (waiting on its own confirmation, it would wait for good).
+/// The transaction held is larger than the window (10 messages, windows of
+/// 3 events): its pieces wait for the standby as a whole window does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pieces_of_a_transaction_wait_for_a_standby_of_an_any_quorum() {
+    held_until_the_standby_has_it("ANY 1 (*)", &[("SEAWALL_WAL_WINDOW", "3")], 10).await;
+}
+
+/// A relay (`extra` settings) on a primary whose `synchronous_standby_names`
+/// is `names`, with one standby: an event committed while the standby
+/// streams is published; a transaction of `messages` events committed while
+/// its WAL receiver is stopped is published only once it is continued.
+async fn held_until_the_standby_has_it(names: &str, extra: &[(&str, &str)], messages: usize) {
     let primary = PrivatePostgres::start(&["wal_level=logical", "synchronous_commit=on"]);
     let standby = PrivatePostgres::standby(&primary, "standby1", &[]);
     let t = TestDb::on_postgres(&primary.url).await;
     for sql in [
-        "ALTER SYSTEM SET synchronous_standby_names = 'standby1'",
-        "SELECT pg_reload_conf()",
+        format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'"),
+        "SELECT pg_reload_conf()".to_owned(),
     ] {
-        t.db.execute_unprepared(sql).await.unwrap();
+        t.db.execute_unprepared(&sql).await.unwrap();
     }
-    let sync = "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'";
+    let sync = "SELECT count(*) FROM pg_stat_replication \
+                WHERE sync_state IN ('sync', 'quorum') AND application_name = 'standby1'";
     crate::support::wait_until(
         "the standby is synchronous",
         Duration::from_secs(30),
@@ -73,7 +92,7 @@ async fn an_event_waits_until_the_synchronous_standby_has_its_transaction() {
     worker::relay::wal::prepare(&t.db, &slot_of(&t))
         .await
         .unwrap();
-    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), extra));
     until(
         &relay,
         "the relay holds the slot",
@@ -105,9 +124,7 @@ async fn an_event_waits_until_the_synchronous_standby_has_its_transaction() {
     let receiver = pg_count(&on_standby, "SELECT pid::bigint FROM pg_stat_wal_receiver").await;
     let stopped = Stopped::stop(i32::try_from(receiver).unwrap());
     let writer = connect(&format!("{}?application_name=sync_writer", t.url), 1).await;
-    let committing = tokio::spawn(async move {
-        commit_events(&writer, vec![recorded("while-stopped", Some("k"))]).await;
-    });
+    let committing = tokio::spawn(async move { commit_one_key(&writer, messages, 1).await });
     until(
         &relay,
         "the commit waits for the standby",
@@ -147,9 +164,9 @@ async fn an_event_waits_until_the_synchronous_standby_has_its_transaction() {
     committing.await.unwrap();
     until(
         &relay,
-        "the event is published once the standby has it",
+        "the transaction is published once the standby has it",
         Duration::from_secs(60),
-        || async { stream_messages(&js).await == 2 },
+        || async { stream_messages(&js).await == 1 + messages as u64 },
     )
     .await;
     assert!(relay.terminate().await.success(), "{}", relay.log_text());

@@ -139,26 +139,49 @@ pub struct Standbys {
     /// `synchronous_standby_names` is set: commits wait for standbys, and
     /// so must the relay.
     pub required: bool,
-    /// The lowest position every connected synchronous (or quorum) standby
-    /// has flushed; `None` while none is connected.
+    /// The lowest position the connected synchronous (or quorum) physical
+    /// standbys have flushed; `None` while none is connected. Logical
+    /// walsenders (a relay's own among them) are left out: a failover never
+    /// promotes one, and a relay waiting on its own confirmation would wait
+    /// for good. With `ANY k` this waits for the slowest member, not the
+    /// k-th: never too early, sometimes later than needed.
     pub flushed: Option<u64>,
     /// The server's own flushed position now: past the commit of any
     /// transaction already decoded.
     pub local: u64,
+    /// The slot is held by the replication connection named `application`:
+    /// the pool reached the server the relay streams from. After a
+    /// failover behind a proxy the pool reaches the new leader, whose
+    /// standbys say nothing about what the old one sent.
+    pub held: bool,
+    /// The role may read other roles' `pg_stat_replication` rows
+    /// (`pg_read_all_stats`); without it every standby looks disconnected.
+    pub visible: bool,
 }
 
-/// Reads [`Standbys`] on the server `db` writes to.
+/// Reads [`Standbys`] on the server `db` writes to, for the relay holding
+/// `slot` through a replication connection named `application`.
 ///
 /// # Errors
 /// The database error (a server in recovery cannot tell its flush position).
-pub async fn standbys(db: &DatabaseConnection) -> Result<Standbys, DbErr> {
+pub async fn standbys(
+    db: &DatabaseConnection,
+    slot: &str,
+    application: &str,
+) -> Result<Standbys, DbErr> {
     let row = db
-        .query_one_raw(Statement::from_string(
+        .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             "SELECT current_setting('synchronous_standby_names') <> '' AS required, \
                     pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::bigint AS local, \
                     (SELECT pg_wal_lsn_diff(min(flush_lsn), '0/0')::bigint FROM pg_stat_replication \
-                      WHERE sync_state IN ('sync', 'quorum')) AS flushed",
+                      WHERE sync_state IN ('sync', 'quorum') \
+                        AND pid NOT IN (SELECT active_pid FROM pg_replication_slots \
+                                         WHERE slot_type = 'logical' AND active_pid IS NOT NULL)) AS flushed, \
+                    EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid \
+                             WHERE s.slot_name = $1 AND a.application_name = $2) AS held, \
+                    pg_has_role('pg_read_all_stats', 'USAGE') AS visible",
+            [slot.into(), application.into()],
         ))
         .await?
         .ok_or_else(|| DbErr::RecordNotFound("pg_stat_replication".into()))?;
@@ -167,6 +190,8 @@ pub async fn standbys(db: &DatabaseConnection) -> Result<Standbys, DbErr> {
         required: row.try_get("", "required")?,
         flushed: row.try_get::<Option<i64>>("", "flushed")?.map(number),
         local: number(row.try_get("", "local")?),
+        held: row.try_get("", "held")?,
+        visible: row.try_get("", "visible")?,
     })
 }
 

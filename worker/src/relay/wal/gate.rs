@@ -24,8 +24,13 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 const WARN_AFTER: Duration = Duration::from_secs(10);
 
 /// Holds windows back until the synchronous standbys have them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Gate {
+    /// The slot the session streams from.
+    slot: String,
+    /// The session's replication connection's `application_name`, by which
+    /// the gate knows it asks the server that connection streams from.
+    application: String,
     /// A position every synchronous standby had flushed when last read:
     /// windows ending before it go without asking again.
     synced: u64,
@@ -38,13 +43,25 @@ pub(super) struct Gate {
 }
 
 impl Gate {
+    /// A gate for the session holding `slot` through the replication
+    /// connection named `application`.
+    pub(super) fn new(slot: &str, application: &str) -> Self {
+        Self {
+            slot: slot.to_owned(),
+            application: application.to_owned(),
+            synced: 0,
+            piece: None,
+        }
+    }
+
     /// Waits until every synchronous standby has flushed `window`'s
     /// transactions, or, when `synchronous_standby_names` is empty, not at
     /// all. `false` when `cancel` fired first: the window was not published
     /// and the slot keeps it.
     ///
     /// # Errors
-    /// The database error of a reading.
+    /// The database error of a reading; [`WalError::Elsewhere`] when the
+    /// pool reaches a server other than the one the session streams from.
     pub(super) async fn wait(
         &mut self,
         db: &DatabaseConnection,
@@ -70,7 +87,10 @@ impl Gate {
         let mut pause = FIRST_PAUSE;
         let mut warned = false;
         loop {
-            let now = standbys(db).await?;
+            let now = standbys(db, &self.slot, &self.application).await?;
+            if !now.held {
+                return Err(WalError::Elsewhere(self.slot.clone()));
+            }
             if let (Some(commit), None) = (commit, self.piece) {
                 self.piece = Some((commit, now.local));
                 target = target.max(now.local);
@@ -86,9 +106,14 @@ impl Gate {
             }
             if !warned && started.elapsed() >= WARN_AFTER {
                 warned = true;
+                let flushed = match now.flushed {
+                    Some(f) => service::wal::slot::Lsn(f).to_string(),
+                    None if now.visible => "none connected".to_owned(),
+                    None => "not visible: grant pg_read_all_stats to the relay's role".to_owned(),
+                };
                 tracing::warn!(
                     waiting_for = %service::wal::slot::Lsn(target),
-                    flushed = %now.flushed.map_or_else(|| "none connected".to_owned(), |f| service::wal::slot::Lsn(f).to_string()),
+                    %flushed,
                     "the WAL relay holds a window until the synchronous standbys have flushed it (synchronous_standby_names is set)"
                 );
             }

@@ -23,8 +23,9 @@
 //!   acknowledged and skips it when read again.
 //! - **Only what the synchronous standbys have.** With
 //!   `synchronous_standby_names` set, a window waits until every
-//!   synchronous standby has flushed its transactions: a failover never
-//!   loses a transaction whose events went out.
+//!   synchronous physical standby of the server the slot streams from has
+//!   flushed its transactions: a failover never loses a transaction whose
+//!   events went out.
 //! - **One event does not stop the rest.** When the broker is reachable but
 //!   refuses an event (no stream for its subject, a permission), the event is
 //!   handed to the table relay as a row of `outbox_message` with its error,
@@ -106,6 +107,13 @@ pub enum WalError {
     /// it took over from recorded a window meanwhile).
     #[error("the WAL relay's position moved while its session started; starting again from it")]
     Moved,
+    /// The pool reached a server on which the session's replication
+    /// connection does not hold the slot (a failover behind a proxy): its
+    /// standbys say nothing about the windows read from the old server.
+    #[error(
+        "the WAL relay's database connections reach a server its replication connection for slot {0:?} does not stream from; starting the session again"
+    )]
+    Elsewhere(String),
     /// The relay was asked to stop before a window was published.
     #[error("the WAL relay stopped before its window was published")]
     Stopped,
@@ -240,6 +248,13 @@ impl WalRelay {
     /// confirmed.
     async fn session(&self, cancel: &CancellationToken) -> Result<(), WalError> {
         let mut config = replication_config(&self.config.database_url, &self.config.slot)?;
+        // Named for this session alone: the gate finds the slot's holder by it.
+        let application = format!(
+            "seawall-relay {} {:x}",
+            std::process::id(),
+            super::rand_suffix()
+        );
+        config = config.with_application_name(application.clone());
         // The slot itself may be behind after a PostgreSQL crash: start
         // where this relay durably got to, so what it published before is
         // skipped by the server instead of published again.
@@ -278,7 +293,7 @@ impl WalRelay {
         tokio::spawn(reader.run(windows, stop));
         self.warn_if_at_risk().await;
         let mut checked = std::time::Instant::now();
-        let mut gate = gate::Gate::default();
+        let mut gate = gate::Gate::new(&self.config.slot, &application);
         loop {
             if checked.elapsed() >= RESERVE_CHECK {
                 self.warn_if_at_risk().await;
