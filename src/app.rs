@@ -192,7 +192,11 @@ impl Application {
         });
         let consumers = if roles.consume {
             let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()))
-                .with_outbox(service::Outbox::new(settings.outbox_mode));
+                .with_outbox(service::Outbox::new(settings.outbox_mode))
+                .with_batching(
+                    settings.inbox_batch,
+                    settings.inbox_lanes(domain.registry.registrations().len()),
+                );
             consumers(settings, &domain, inbox, &js).await?
         } else {
             Vec::new()

@@ -15,6 +15,7 @@ use sea_orm::{
 };
 
 use service::executor::unit;
+use service::group::{Group, Joined};
 use service::{
     ConsumerName, Envelope, Executor, FastPath, HandlerError, Inbox, MessageId, Outbox, OutboxMode,
 };
@@ -130,8 +131,10 @@ fn columns() -> Vec<Column> {
 }
 
 /// One message the baseline way: the entry insert and the balance update
-/// in a bare transaction, with no marker and no outbox row.
-async fn baseline(executor: &Executor, env: Envelope) -> Result<()> {
+/// in a bare transaction, with no marker and no outbox row; with `group`,
+/// in its batch (under a savepoint, as the inbox's units), or alone when
+/// the batch did not commit.
+async fn baseline(executor: &Executor, group: Option<&Group>, env: Envelope) -> Result<()> {
     let work = unit(move |txn| -> BoxFuture<'_, Result<(), HandlerError>> {
         let env = env.clone();
         Box::pin(async move {
@@ -150,6 +153,12 @@ async fn baseline(executor: &Executor, env: Envelope) -> Result<()> {
             Ok(())
         })
     });
+    if let Some(group) = group {
+        match group.run(executor, &work).await {
+            Joined::Settled(result) => return Ok(result?),
+            Joined::Alone => {}
+        }
+    }
     executor.run(&work).await?;
     Ok(())
 }
@@ -158,6 +167,7 @@ async fn baseline(executor: &Executor, env: Envelope) -> Result<()> {
 async fn work(
     mode: Mode,
     inbox: Inbox,
+    group: Option<Arc<Group>>,
     ids: Arc<Vec<(u64, bool)>>,
     next: Arc<AtomicU64>,
     run: String,
@@ -174,12 +184,13 @@ async fn work(
             Mode::Seawall { .. } => {
                 inbox.process(&env, &consumer, &handler).await?;
             }
-            Mode::Baseline => baseline(inbox.executor(), env).await?,
+            Mode::Baseline => baseline(inbox.executor(), group.as_deref(), env).await?,
         }
     }
 }
 
-/// Runs `ids` (message number, delivered before?) through `workers` tasks.
+/// Runs `ids` (message number, delivered before?) through `workers` tasks,
+/// each message in its own transaction.
 async fn measure(
     db: &DatabaseConnection,
     mode: Mode,
@@ -187,6 +198,21 @@ async fn measure(
     run: &str,
     workers: usize,
 ) -> Result<Measured> {
+    measure_batched(db, mode, ids, run, workers, 1).await
+}
+
+/// [`measure`] with up to `batch` messages per transaction (group commit,
+/// on as many lanes as workers, as `seawall` opens one per handler slot).
+async fn measure_batched(
+    db: &DatabaseConnection,
+    mode: Mode,
+    ids: Arc<Vec<(u64, bool)>>,
+    run: &str,
+    workers: usize,
+    batch: usize,
+) -> Result<Measured> {
+    let lanes = workers;
+    let group = (batch > 1).then(|| Arc::new(Group::new(batch, lanes)));
     let next = Arc::new(AtomicU64::new(0));
     let (fast_path, outbox) = match mode {
         Mode::Seawall { fast_path, outbox } => (fast_path, outbox),
@@ -194,7 +220,8 @@ async fn measure(
     };
     let inbox = Inbox::new(Executor::new(db.clone()))
         .with_fast_path(fast_path)
-        .with_outbox(Outbox::new(outbox));
+        .with_outbox(Outbox::new(outbox))
+        .with_batching(batch, lanes);
     let cpu_before = CpuSample::now();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -202,6 +229,7 @@ async fn measure(
         tasks.spawn(work(
             mode,
             inbox.clone(),
+            group.clone(),
             ids.clone(),
             next.clone(),
             run.to_owned(),
@@ -367,7 +395,60 @@ async fn scaling(
         if workers == 16 {
             variants(report, label, db, messages, run_id, &base).await?;
         }
+        if workers >= 16 {
+            batched(report, label, db, messages, run_id, workers).await?;
+        }
     }
+    Ok(())
+}
+
+/// Messages per transaction in the batched rows (`INBOX_BATCH`'s default).
+const BATCH: usize = 16;
+
+/// Group commit at `workers`: seawall with `INBOX_BATCH` = [`BATCH`]
+/// against the baseline batched the same way, so the ratio is the inbox's
+/// own cost (marker and outbox row), not the commits'.
+async fn batched(
+    report: &mut Report,
+    label: &str,
+    db: &DatabaseConnection,
+    messages: u64,
+    run_id: &str,
+    workers: usize,
+) -> Result<()> {
+    let ids = Arc::new(fresh(messages));
+    let base = measure_batched(
+        db,
+        Mode::Baseline,
+        ids.clone(),
+        &format!("gb{workers}-{run_id}"),
+        workers,
+        BATCH,
+    )
+    .await?;
+    let seawall = Mode::Seawall {
+        fast_path: FastPath::default(),
+        outbox: OutboxMode::Table,
+    };
+    let sw = measure_batched(
+        db,
+        seawall,
+        ids,
+        &format!("gs{workers}-{run_id}"),
+        workers,
+        BATCH,
+    )
+    .await?;
+    eprintln!(
+        "  {label} {workers} workers, batched: seawall {:.0}/s, baseline {:.0}/s",
+        sw.rate, base.rate
+    );
+    report.row(
+        format!(
+            "{label}, {workers} workers, batched ({BATCH} per transaction, baseline batched too)"
+        ),
+        sw.against(&base, true, is_postgres(db)),
+    );
     Ok(())
 }
 

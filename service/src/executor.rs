@@ -175,9 +175,7 @@ impl Executor {
             attempt += 1;
             match self.attempt(unit).await {
                 Ok(value) => {
-                    if let Some(signal) = &self.committed {
-                        signal.notify_one();
-                    }
+                    self.notify_committed();
                     return Ok(value);
                 }
                 Err(HandlerError::Database(err)) => match classify(&err) {
@@ -208,11 +206,25 @@ impl Executor {
         }
     }
 
+    /// Begins a transaction with the executor's options, for work that
+    /// commits several units at once (see [`crate::group`]).
+    pub(crate) async fn begin(&self) -> Result<DatabaseTransaction, DbErr> {
+        self.db.begin_with_options(self.options).await
+    }
+
+    /// Wakes the commit signal's listener (see
+    /// [`Executor::with_commit_signal`]).
+    pub(crate) fn notify_committed(&self) {
+        if let Some(signal) = &self.committed {
+            signal.notify_one();
+        }
+    }
+
     async fn attempt<T, U>(&self, unit: &U) -> Result<T, HandlerError>
     where
         U: Unit<T> + ?Sized,
     {
-        let txn = self.db.begin_with_options(self.options).await?;
+        let txn = self.begin().await?;
         let outcome = AssertUnwindSafe(unit.run(&txn)).catch_unwind().await;
         match outcome {
             Ok(Ok(value)) => match txn.commit().await {

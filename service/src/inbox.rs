@@ -7,6 +7,8 @@
 //! [`Outcome::Duplicate`] (rule 4). An existence check runs first as a cheap fast
 //! path for the common redelivery, but it never decides a race (rule 1).
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use futures::future::BoxFuture;
 use sea_orm::{
@@ -20,6 +22,7 @@ use crate::classify::{Failure, classify};
 use crate::envelope::{ConsumerName, Envelope};
 use crate::error::{HandlerError, InboxError, InboxErrorKind};
 use crate::executor::{Executor, Unit};
+use crate::group::{Group, Joined};
 use crate::handler::{Ctx, Handle};
 use crate::outbox::Outbox;
 use crate::rollup::{self, Tally};
@@ -68,6 +71,9 @@ pub struct Inbox {
     executor: Executor,
     fast_path: FastPath,
     outbox: Outbox,
+    /// Group commit, shared by the clones of this inbox; `None` commits
+    /// each message on its own.
+    group: Option<Arc<Group>>,
 }
 
 impl Inbox {
@@ -78,7 +84,25 @@ impl Inbox {
             executor,
             fast_path: FastPath::default(),
             outbox: Outbox::default(),
+            group: None,
         }
+    }
+
+    /// Commits up to `batch` concurrent messages in one transaction, each
+    /// under its own savepoint, on up to `lanes` transactions open at once
+    /// (as many as messages may be handled at once; see [`crate::group`]);
+    /// a `batch` of 1 commits each message on its own. On a durable
+    /// database a commit is a WAL flush, and this shares it.
+    pub fn with_batching(mut self, batch: usize, lanes: usize) -> Self {
+        self.group = (batch > 1).then(|| Arc::new(Group::new(batch, lanes).counting_markers()));
+        self
+    }
+
+    /// Commits concurrent messages together in `group`'s batches (see
+    /// [`Inbox::with_batching`]), for a group with settings of its own.
+    pub fn with_group(mut self, group: Group) -> Self {
+        self.group = Some(Arc::new(group.counting_markers()));
+        self
     }
 
     /// Sets where handlers' events go (the process's `outbox_mode`).
@@ -134,8 +158,23 @@ impl Inbox {
             consumer,
             handler,
             outbox: self.outbox,
+            counted: true,
         };
-        match self.executor.run(&unit).await {
+        let result = match &self.group {
+            Some(group) => {
+                // The batch counts its markers in one statement.
+                let batched = MarkedUnit {
+                    counted: false,
+                    ..unit
+                };
+                match group.run(&self.executor, &batched).await {
+                    Joined::Settled(result) => result,
+                    Joined::Alone => self.executor.run(&unit).await,
+                }
+            }
+            None => self.executor.run(&unit).await,
+        };
+        match result {
             Ok(value) => Ok(Outcome::Processed(value)),
             Err(err) => classify_unit_error(envelope, consumer, err),
         }
@@ -168,6 +207,9 @@ struct MarkedUnit<'h, H: ?Sized> {
     consumer: &'h ConsumerName,
     handler: &'h H,
     outbox: Outbox,
+    /// Counts its marker in the minute's throughput (a batch counts its
+    /// units' at once instead).
+    counted: bool,
 }
 
 impl<T, H> Unit<T> for MarkedUnit<'_, H>
@@ -185,7 +227,11 @@ where
         Box::pin(async move {
             // The marker goes first: on PostgreSQL a concurrent instance then
             // blocks on the index right away instead of doing the work twice.
-            record_marker(txn, self.envelope, self.consumer).await?;
+            if self.counted {
+                record_marker(txn, self.envelope, self.consumer).await?;
+            } else {
+                insert_marker(txn, self.envelope, self.consumer).await?;
+            }
             let ctx = Ctx::new(txn, self.envelope, self.consumer, self.outbox);
             self.handler.handle(&ctx).await
         })
@@ -203,6 +249,16 @@ where
 /// The insert's error; a duplicate is a unique violation of
 /// `ix_inbox_message_id_consumer` (see [`crate::classify`]).
 pub async fn record_marker(
+    txn: &DatabaseTransaction,
+    envelope: &Envelope,
+    consumer: &ConsumerName,
+) -> Result<(), DbErr> {
+    insert_marker(txn, envelope, consumer).await?;
+    rollup::add(txn, Tally::Processed, Utc::now(), 1).await
+}
+
+/// The marker insert of [`record_marker`], without its count.
+async fn insert_marker(
     txn: &DatabaseTransaction,
     envelope: &Envelope,
     consumer: &ConsumerName,
@@ -226,7 +282,7 @@ pub async fn record_marker(
     inbox_message::Entity::insert(marker)
         .exec_without_returning(txn)
         .await?;
-    rollup::add(txn, Tally::Processed, now, 1).await
+    Ok(())
 }
 
 fn classify_unit_error<T>(

@@ -40,6 +40,7 @@ pub mod domain;
 pub mod envelope;
 mod error;
 pub mod executor;
+pub mod group;
 pub mod handler;
 pub mod inbox;
 pub mod journey;

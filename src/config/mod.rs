@@ -90,6 +90,7 @@ pub struct Settings {
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub relay_retry_max_ms: u64,
     pub consumer_concurrency: usize,
+    pub inbox_batch: usize,
     pub stream_replicas: usize,
     #[serde(deserialize_with = "service::millis::deserialize")]
     pub stream_max_age_ms: u64,
@@ -165,6 +166,7 @@ impl Default for Settings {
             relay_max_attempts: 10,
             relay_retry_max_ms: 60_000,
             consumer_concurrency: 16,
+            inbox_batch: DEFAULT_INBOX_BATCH,
             stream_replicas: 1,
             stream_max_age_ms: 7 * DAY_MS,
             inbox_retention_ms: None,
@@ -189,6 +191,9 @@ impl Default for Settings {
 }
 
 const DAY_MS: u64 = 24 * 3600 * 1000;
+
+/// Deliveries committed together by default (`INBOX_BATCH`).
+const DEFAULT_INBOX_BATCH: usize = 16;
 
 /// Pool of `migrate` and `load` when `db_max_connections` is unset.
 const DEFAULT_TOOL_POOL: u32 = 16;
@@ -345,6 +350,13 @@ impl Settings {
             outbox: Duration::from_millis(self.outbox_retention_ms),
             batch_size: self.prune_batch_size,
         })
+    }
+
+    /// Inbox batches that may be open at once: one per handler slot of the
+    /// process's `consumers`, so a delivery never waits behind slow
+    /// handlers for want of a lane (see `service::group`).
+    pub fn inbox_lanes(&self, consumers: usize) -> usize {
+        self.consumer_concurrency.saturating_mul(consumers.max(1))
     }
 
     /// The relay's settings.

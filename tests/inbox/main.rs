@@ -5,6 +5,7 @@ use testkit as support;
 use testkit::on_backends;
 
 mod bad_input;
+mod batch;
 mod commit;
 mod config;
 mod constraints;

@@ -1,7 +1,8 @@
 //! A TCP proxy between seawall and its database, to cut the connection on
-//! purpose: all of it (an outage), or once the server has answered a
+//! purpose: all of it (an outage), once the server has answered a
 //! forwarded `COMMIT`, swallowing the answer (a commit whose outcome the
-//! client never learns).
+//! client never learns), or instead of forwarding a `COMMIT` (a commit
+//! that never happened, and the client never learns that either).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +20,8 @@ struct State {
     up: watch::Sender<bool>,
     /// Cut the connection after forwarding the next `COMMIT`.
     drop_next_commit: AtomicBool,
+    /// Cut the connection instead of forwarding the next `COMMIT`.
+    refuse_next_commit: AtomicBool,
     /// How many `COMMIT`s were cut.
     commits_dropped: AtomicUsize,
 }
@@ -37,6 +40,7 @@ impl Proxy {
         let state = Arc::new(State {
             up: watch::channel(true).0,
             drop_next_commit: AtomicBool::new(false),
+            refuse_next_commit: AtomicBool::new(false),
             commits_dropped: AtomicUsize::new(0),
         });
         let shared = state.clone();
@@ -72,6 +76,14 @@ impl Proxy {
         self.state.drop_next_commit.store(true, Ordering::SeqCst);
     }
 
+    /// Cuts the connection that sends the next `COMMIT` instead of
+    /// forwarding it: the server rolls the transaction back, the client
+    /// never hears.
+    pub fn refuse_next_commit(&self) {
+        self.state.refuse_next_commit.store(true, Ordering::SeqCst);
+    }
+
+    /// How many `COMMIT`s were cut, before or after the server had them.
     pub fn commits_dropped(&self) -> usize {
         self.state.commits_dropped.load(Ordering::SeqCst)
     }
@@ -109,6 +121,12 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            if contains(&buf[..n], b"COMMIT")
+                && state.refuse_next_commit.swap(false, Ordering::SeqCst)
+            {
+                state.commits_dropped.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
             if contains(&buf[..n], b"COMMIT")
                 && state.drop_next_commit.swap(false, Ordering::SeqCst)
             {

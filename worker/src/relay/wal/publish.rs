@@ -14,7 +14,7 @@ use entity::outbox_message;
 use service::wal::WalEvent;
 
 use super::reader::Window;
-use super::record::Fence;
+use super::record::{FENCE_CHECK, Fence};
 use super::{WalError, WalRelay};
 
 /// A key's (or a key-less event's) publishing outcome in a window.
@@ -227,8 +227,11 @@ impl WalRelay {
                 return (results, Some(err));
             }
             let mut round = Vec::new();
+            // Twice the check's interval: a round of thousands of events
+            // may take longer than one, and a freeze takes far longer.
+            let fresh = || fence.fresh(FENCE_CHECK * 2);
             for (i, queue) in queues.iter_mut().enumerate() {
-                if round.len() == ROUND_LIMIT {
+                if round.len() == ROUND_LIMIT || !fresh() {
                     break;
                 }
                 if results[i].failed.is_none()
@@ -239,6 +242,10 @@ impl WalRelay {
                 }
             }
             if round.is_empty() {
+                if !fresh() {
+                    // Asked again at the top of the loop.
+                    continue;
+                }
                 return (results, None);
             }
             let acks = join_all(round.into_iter().map(|(i, event, sent)| async move {

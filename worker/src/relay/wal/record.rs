@@ -15,7 +15,7 @@ use super::{WalError, WalRelay};
 /// How long a session goes on publishing before it checks again that no
 /// other session took the slot over (a frozen relay, woken after a standby
 /// took over, checks before its next round: the clock moved on).
-const FENCE_CHECK: Duration = Duration::from_millis(250);
+pub(super) const FENCE_CHECK: Duration = Duration::from_millis(250);
 
 /// A session's claim on the slot: the generation it took the slot with.
 pub(super) struct Fence {
@@ -25,17 +25,38 @@ pub(super) struct Fence {
 
 impl Fence {
     /// Whether the session still holds the slot, asking the database at
-    /// most every [`FENCE_CHECK`].
+    /// most every [`FENCE_CHECK`]. An answer that took longer than that to
+    /// come may be stale (the process was frozen while it waited, and a
+    /// standby took over meanwhile): the question is asked again.
+    ///
+    /// A database that is merely slow answers late every time; its third
+    /// late answer is taken, so a slow database slows the relay down
+    /// without stopping it.
     pub(super) async fn check(&self, relay: &WalRelay) -> Result<(), WalError> {
-        let due = self.lock().elapsed() >= FENCE_CHECK;
-        if due {
+        let mut late = 0;
+        while !self.fresh(FENCE_CHECK) {
+            let asked = Instant::now();
             let slot = &relay.config.slot;
             if !service::wal::relay::holds(&relay.db, slot, self.generation).await? {
                 return Err(WalError::Fenced(slot.clone()));
             }
-            *self.lock() = Instant::now();
+            if asked.elapsed() < FENCE_CHECK {
+                *self.lock() = asked;
+            } else {
+                late += 1;
+                if late == 3 {
+                    *self.lock() = Instant::now();
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Whether the last answer is younger than `age`: a round stops sending
+    /// once it is not (a freeze in the middle of a round shows as a jump of
+    /// the clock), and checks again before it goes on.
+    pub(super) fn fresh(&self, age: Duration) -> bool {
+        self.lock().elapsed() < age
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Instant> {

@@ -1,0 +1,369 @@
+//! Group commit: concurrent inbox units share one transaction, each under a
+//! savepoint of its own, so a batch of messages costs one commit (one WAL
+//! flush on a durable database) instead of one each.
+//!
+//! There is no batcher task and no waiting for a batch to fill. A unit
+//! joins the batch open on the first lane whose queue moves, or opens one;
+//! units of a lane run one after another (they share a connection), and the
+//! unit that finds nobody queued behind it, fills the batch, or finds it
+//! open for [`PATIENCE`] commits it. A message arriving alone therefore
+//! commits at once, as without batching. A unit queued longer than
+//! [`PATIENCE`] (behind a slow handler) moves to the next lane, so slow
+//! handlers run side by side as they do without batching; a fast unit that
+//! shares a batch with a slow one waits for that one's handler, at most.
+//!
+//! - **One message's failure is its own.** A duplicate marker, a handler's
+//!   rejection, failure or panic rolls back to the unit's savepoint; the
+//!   others commit.
+//! - **A batch that breaks falls back, message by message.** A unit that
+//!   meets a transient, resource or connection error, a savepoint that
+//!   cannot be rolled back to (MySQL rolls a deadlocked transaction back
+//!   whole), a member cancelled mid-unit, and a failed or lost `COMMIT` end
+//!   the batch without its work: every unit that had succeeded runs again
+//!   alone, through the executor's retries. The inbox marker makes that safe
+//!   when the lost `COMMIT` did commit (the re-run is a duplicate). The
+//!   message that broke the batch is retried alone too, so it cannot hold
+//!   the others back.
+//! - **Nothing is acknowledged before its commit.** A unit's result is
+//!   returned only once its batch committed (or once it ran alone), and the
+//!   consumer acks after [`crate::Inbox::process`] returns.
+//! - **Order per key holds.** The consumer starts a key's next message only
+//!   once the previous one returned, so two messages of a key are never in
+//!   flight together, batched or not.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures::FutureExt;
+use sea_orm::{DatabaseTransaction, DbErr, TransactionTrait};
+use tokio::sync::{Mutex, watch};
+
+use crate::classify::{Failure, classify};
+use crate::error::HandlerError;
+use crate::executor::{Executor, Unit, panic_message};
+use crate::rollup::{self, Tally};
+
+/// How long a unit waits to join a lane's batch before it tries the next
+/// lane, by default. Units of a lane run one after another, so a slow handler (one that
+/// calls out, or sleeps) would hold every unit queued behind it; after this
+/// they go where they can run, and slow work spreads over the lanes as it
+/// did without batching. Fast units (a millisecond or less) rarely wait
+/// this long, and so stay together in large batches.
+const PATIENCE: Duration = Duration::from_millis(20);
+
+/// How a unit that joined a batch ended.
+pub enum Joined<T> {
+    /// Its batch committed (or its own failure stands whatever the batch
+    /// did): this is its result.
+    Settled(Result<T, HandlerError>),
+    /// Its work did not commit with the batch: run it alone.
+    Alone,
+}
+
+/// Batches of units on a few lanes, each with at most one open batch.
+/// [`crate::Inbox::with_batching`] runs its units in one; a unit of other
+/// work may join one too, if it is safe to run again after a lost
+/// `COMMIT` (see [`Joined::Alone`]).
+#[derive(Debug)]
+pub struct Group {
+    /// Units go to the first lane whose queue moves within [`PATIENCE`].
+    lanes: Vec<Arc<Lane>>,
+    /// Most units in one batch.
+    limit: usize,
+    /// How long a unit waits for a lane, and a batch stays open for more
+    /// units ([`PATIENCE`] unless set).
+    patience: Duration,
+    /// Successful units are inbox markers, counted in the minute's
+    /// throughput at commit.
+    markers: bool,
+}
+
+/// One lane: its open batch and who waits to join it.
+#[derive(Debug, Default)]
+struct Lane {
+    open: Mutex<Option<Batch>>,
+    /// Units waiting for `open`'s lock: while any waits, the batch stays
+    /// open for it.
+    waiting: AtomicUsize,
+    /// A member was cancelled while it ran: its savepoint's rollback is
+    /// only queued, so the open batch must not commit.
+    tainted: AtomicBool,
+}
+
+/// An open transaction and what its units did.
+#[derive(Debug)]
+struct Batch {
+    txn: DatabaseTransaction,
+    units: usize,
+    /// When it began: a batch open for [`PATIENCE`] is committed by its next
+    /// unit, so a steady stream of units does not keep the first waiting.
+    opened: Instant,
+    /// Whether `processed` counts inbox markers.
+    markers: bool,
+    /// Units that succeeded: with `markers`, counted in the minute's
+    /// throughput at commit, in one statement.
+    processed: u64,
+    /// Something happened that this batch must not commit after.
+    broken: bool,
+    end: watch::Sender<Option<bool>>,
+}
+
+impl Group {
+    /// Batches of at most `limit` units on up to `lanes` lanes (as many as
+    /// units may run at once: then a unit never waits behind slow ones).
+    pub fn new(limit: usize, lanes: usize) -> Self {
+        Self {
+            lanes: (0..lanes.max(1)).map(|_| Arc::default()).collect(),
+            limit: limit.max(1),
+            patience: PATIENCE,
+            markers: false,
+        }
+    }
+
+    /// Sets how long a unit waits for a lane before it tries the next, and
+    /// how long a batch stays open for more units.
+    pub fn with_patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
+    }
+
+    /// Counts each successful unit as a processed inbox marker, in one
+    /// statement per batch (the inbox's units then skip their own count).
+    pub(crate) fn counting_markers(mut self) -> Self {
+        self.markers = true;
+        self
+    }
+
+    /// Runs `unit` in the open batch of a lane (opening one when there is
+    /// none) and waits until that batch ends. On [`Joined::Alone`] the
+    /// caller runs the unit again on its own (the inbox through
+    /// [`Executor::run`]): its work did not commit, or may have (a lost
+    /// `COMMIT`), which only a unit guarded by a marker can tell.
+    pub async fn run<T, U>(&self, executor: &Executor, unit: &U) -> Joined<T>
+    where
+        T: Send,
+        U: Unit<T> + ?Sized,
+    {
+        let mut index = 0;
+        let (lane, mut member, mut open) = loop {
+            let lane = &self.lanes[index];
+            let member = Member::arrive(lane.clone(), executor.clone());
+            if index + 1 == self.lanes.len() {
+                let open = lane.open.lock().await;
+                break (lane, member, open);
+            }
+            match tokio::time::timeout(self.patience, lane.open.lock()).await {
+                Ok(open) => break (lane, member, open),
+                // Held by a slow unit (or a long queue): the next lane.
+                // Leaving, the member makes sure the batch it may have
+                // kept open still ends.
+                Err(_) => index += 1,
+            }
+        };
+        member.joined();
+        if open.is_none() {
+            match executor.begin().await {
+                Ok(txn) => {
+                    lane.tainted.store(false, Ordering::SeqCst);
+                    *open = Some(Batch {
+                        txn,
+                        units: 0,
+                        opened: Instant::now(),
+                        markers: self.markers,
+                        processed: 0,
+                        broken: false,
+                        end: watch::channel(None).0,
+                    });
+                }
+                Err(_) => {
+                    drop(open);
+                    member.left();
+                    return Joined::Alone;
+                }
+            }
+        }
+        let batch = open.as_mut().expect("opened above");
+        batch.units += 1;
+        let mut end = batch.end.subscribe();
+        let (result, recovered) = in_savepoint(&batch.txn, unit).await;
+        match &result {
+            Ok(_) => batch.processed += 1,
+            Err(HandlerError::Database(err)) if breaks_batch(err) => batch.broken = true,
+            Err(_) => {}
+        }
+        batch.broken |= !recovered;
+        let close = batch.broken
+            || batch.units >= self.limit
+            || batch.opened.elapsed() >= self.patience
+            || lane.waiting.load(Ordering::SeqCst) == 0;
+        let closing = if close { open.take() } else { None };
+        drop(open);
+        member.left();
+        if let Some(batch) = closing {
+            batch.close(lane, executor).await;
+        }
+        let committed = loop {
+            if let Some(committed) = *end.borrow_and_update() {
+                break committed;
+            }
+            // The closer was cancelled during its commit: the outcome is
+            // unknown, and the marker settles a re-run.
+            if end.changed().await.is_err() {
+                break false;
+            }
+        };
+        match result {
+            Ok(value) if committed => Joined::Settled(Ok(value)),
+            Ok(_) => Joined::Alone,
+            Err(HandlerError::Database(err)) if breaks_batch(&err) => Joined::Alone,
+            Err(err) => Joined::Settled(Err(err)),
+        }
+    }
+}
+
+impl Batch {
+    /// Commits the batch, or rolls it back when it broke, and tells its
+    /// members which.
+    async fn close(self, lane: &Lane, executor: &Executor) {
+        let units = self.units;
+        let committed = if self.broken || lane.tainted.swap(false, Ordering::SeqCst) {
+            rollback(self.txn).await;
+            false
+        } else {
+            let markers = if self.markers { self.processed } else { 0 };
+            match commit(self.txn, markers).await {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::warn!(units, error = %err, "an inbox batch did not commit; its messages run again one by one");
+                    false
+                }
+            }
+        };
+        if committed {
+            executor.notify_committed();
+            metrics::histogram!("seawall_inbox_batch_size").record(units as f64);
+        } else {
+            metrics::counter!("seawall_inbox_batch_fallbacks_total").increment(1);
+        }
+        let _ = self.end.send(Some(committed));
+    }
+}
+
+/// Adds the batch's `markers` to the minute's count and commits.
+async fn commit(txn: DatabaseTransaction, markers: u64) -> Result<(), DbErr> {
+    rollup::add(&txn, Tally::Processed, Utc::now(), markers).await?;
+    txn.commit().await
+}
+
+async fn rollback(txn: DatabaseTransaction) {
+    if let Err(err) = txn.rollback().await {
+        tracing::debug!(error = %err, "rollback of an inbox batch failed");
+    }
+}
+
+/// Runs `unit` under a savepoint of `txn`: released on success, rolled
+/// back to on failure or panic. The second value is `false` when the
+/// savepoint could not be released or rolled back to: the transaction is
+/// unusable.
+async fn in_savepoint<T, U>(txn: &DatabaseTransaction, unit: &U) -> (Result<T, HandlerError>, bool)
+where
+    U: Unit<T> + ?Sized,
+{
+    let savepoint = match txn.begin().await {
+        Ok(savepoint) => savepoint,
+        Err(err) => return (Err(err.into()), false),
+    };
+    let result = match AssertUnwindSafe(unit.run(&savepoint)).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => Err(HandlerError::Panicked(panic_message(panic.as_ref()))),
+    };
+    match result {
+        Ok(value) => match savepoint.commit().await {
+            Ok(()) => (Ok(value), true),
+            Err(err) => (Err(err.into()), false),
+        },
+        Err(err) => {
+            let recovered = savepoint.rollback().await.is_ok();
+            (Err(err), recovered)
+        }
+    }
+}
+
+/// Errors after which the batch's transaction is not to be trusted (a
+/// deadlock may have rolled it back whole, a connection may be gone), and
+/// which a unit run alone retries.
+fn breaks_batch(err: &DbErr) -> bool {
+    matches!(
+        classify(err),
+        Failure::Transient { .. } | Failure::Resource { .. }
+    ) || crate::classify::is_outage(err)
+}
+
+/// A unit's place in a lane. Dropped before it left (its caller was
+/// cancelled: a handling deadline), it makes sure the batch it held open
+/// still ends.
+struct Member {
+    lane: Arc<Lane>,
+    executor: Executor,
+    state: State,
+}
+
+#[derive(PartialEq)]
+enum State {
+    Waiting,
+    Running,
+    Left,
+}
+
+impl Member {
+    fn arrive(lane: Arc<Lane>, executor: Executor) -> Self {
+        lane.waiting.fetch_add(1, Ordering::SeqCst);
+        Self {
+            lane,
+            executor,
+            state: State::Waiting,
+        }
+    }
+
+    fn joined(&mut self) {
+        self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.state = State::Running;
+    }
+
+    fn left(&mut self) {
+        if self.state == State::Waiting {
+            self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.state = State::Left;
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        match self.state {
+            State::Left => return,
+            State::Waiting => {
+                self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            State::Running => self.lane.tainted.store(true, Ordering::SeqCst),
+        }
+        // Whoever runs next closes the batch if nobody waits; with nobody
+        // coming, this does.
+        let lane = self.lane.clone();
+        let executor = self.executor.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let mut open = lane.open.lock().await;
+                if lane.waiting.load(Ordering::SeqCst) == 0
+                    && let Some(batch) = open.take()
+                {
+                    drop(open);
+                    batch.close(&lane, &executor).await;
+                }
+            });
+        }
+    }
+}

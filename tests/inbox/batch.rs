@@ -1,0 +1,261 @@
+//! Group commit: deliveries handled at the same time share one transaction,
+//! each under its own savepoint. A duplicate or a failing handler rolls
+//! back its own savepoint only; a batch whose `COMMIT` is lost runs its
+//! messages again one by one, and the marker keeps any of them from being
+//! applied twice.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, join_all};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
+
+use crate::on_backends;
+use crate::support::domain::{
+    Balance, Entry, EntryRequest, LedgerHandler, entry, ledger_consumer, record,
+};
+use crate::support::proxy::{Proxy, upstream_of};
+use crate::support::{Backend, TestDb, connect, entry_envelope};
+use service::group::Group;
+use service::{Ctx, Envelope, Executor, Handle, HandlerError, Inbox, InboxErrorKind, Outcome};
+
+/// What a message of the batch does after the ledger's writes.
+enum Role {
+    /// Nothing more.
+    Good,
+    /// Fails: its writes must go with its savepoint.
+    Failing,
+    /// Looks, from a connection of its own, for the entry of message
+    /// `first`: not there while the two share a transaction.
+    Witness { first: String, saw: Arc<AtomicBool> },
+}
+
+struct Scripted {
+    role: Role,
+    outside: DatabaseConnection,
+}
+
+impl Handle<()> for Scripted {
+    fn handle<'a>(&'a self, ctx: &'a Ctx<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let req =
+                EntryRequest::parse(&ctx.envelope().payload).map_err(HandlerError::Rejected)?;
+            record(ctx, &req).await?;
+            match &self.role {
+                Role::Good => Ok(()),
+                Role::Failing => Err(HandlerError::Failed(
+                    "the handler fails after its writes".into(),
+                )),
+                Role::Witness { first, saw } => {
+                    let found = Entry::find()
+                        .filter(entry::Column::MessageId.eq(first.as_str()))
+                        .one(&self.outside)
+                        .await?;
+                    saw.store(found.is_some(), Ordering::SeqCst);
+                    Ok(())
+                }
+            }
+        })
+    }
+}
+
+async fn balance(db: &DatabaseConnection, account: &str) -> Option<i64> {
+    Balance::find_by_id(account.to_owned())
+        .one(db)
+        .await
+        .unwrap()
+        .map(|b| b.balance)
+}
+
+/// Five deliveries handled at once: a good one, a copy of a message
+/// applied before, one whose handler fails after writing, another good one
+/// and a last good one that checks it shares the first one's transaction.
+/// Exactly the good ones commit; the duplicate and the failure report
+/// themselves.
+async fn a_batch_commits_exactly_its_good_messages(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let consumer = ledger_consumer();
+    // Patient enough that a slow machine cannot close the batch early.
+    let inbox = Inbox::new(Executor::new(t.db.clone()))
+        .with_group(Group::new(8, 1).with_patience(Duration::from_secs(60)));
+    let applied = entry_envelope("b-dup", "dup", 1, None);
+    inbox
+        .process(&applied, &consumer, &LedgerHandler::default())
+        .await
+        .unwrap();
+
+    let outside = connect(&t.url, 1).await;
+    let saw = Arc::new(AtomicBool::new(true));
+    let scripted = |role| Scripted {
+        role,
+        outside: outside.clone(),
+    };
+    let batch: Vec<(Envelope, Scripted)> = vec![
+        (
+            entry_envelope("b-first", "a", 10, None),
+            scripted(Role::Good),
+        ),
+        (applied.clone(), scripted(Role::Good)),
+        (
+            entry_envelope("b-fail", "f", 100, None),
+            scripted(Role::Failing),
+        ),
+        (
+            entry_envelope("b-good", "g", 1000, None),
+            scripted(Role::Good),
+        ),
+        (
+            entry_envelope("b-last", "w", 5, None),
+            scripted(Role::Witness {
+                first: "b-first".into(),
+                saw: saw.clone(),
+            }),
+        ),
+    ];
+    // One poll of `join_all` starts every call: the first opens the batch,
+    // the others queue behind it and join it.
+    let results = join_all(
+        batch
+            .iter()
+            .map(|(envelope, handler)| inbox.process(envelope, &consumer, handler)),
+    )
+    .await;
+
+    assert!(
+        !saw.load(Ordering::SeqCst),
+        "the last message saw the first one's entry committed: they were not one batch"
+    );
+    assert_eq!(results[0].as_ref().unwrap(), &Outcome::Processed(()));
+    assert_eq!(results[1].as_ref().unwrap(), &Outcome::Duplicate);
+    let failed = results[2].as_ref().unwrap_err();
+    assert!(
+        matches!(failed.kind(), InboxErrorKind::Handler(_)),
+        "{failed}"
+    );
+    assert_eq!(results[3].as_ref().unwrap(), &Outcome::Processed(()));
+    assert_eq!(results[4].as_ref().unwrap(), &Outcome::Processed(()));
+
+    assert_eq!(balance(&t.db, "a").await, Some(10));
+    assert_eq!(balance(&t.db, "dup").await, Some(1), "applied once");
+    assert_eq!(balance(&t.db, "f").await, None, "the failure wrote nothing");
+    assert_eq!(balance(&t.db, "g").await, Some(1000));
+    assert_eq!(balance(&t.db, "w").await, Some(5));
+    assert_eq!(t.count(Entry).await, 4);
+    assert_eq!(t.count(entity::prelude::InboxMessage).await, 4);
+    assert_eq!(t.count(entity::prelude::OutboxMessage).await, 4);
+    assert_eq!(
+        crate::support::charted(&t.db).await.1,
+        4,
+        "the minute counts the markers that committed"
+    );
+}
+
+on_backends!(a_batch_commits_exactly_its_good_messages: sqlite, postgres, mysql);
+
+/// How the proxy cuts the batch's `COMMIT`.
+#[derive(Clone, Copy)]
+enum Cut {
+    /// The server never gets it: nothing committed.
+    Before,
+    /// The server commits, the reply is lost.
+    After,
+}
+
+/// Three deliveries in a batch whose `COMMIT` the proxy cuts: each is run
+/// again alone, and each ends applied exactly once.
+async fn a_batch_whose_commit_is_cut_applies_each_message_once(cut: Cut) {
+    let t = TestDb::new(Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let db = connect(&proxy.url_for(&t.url, upstream), 4).await;
+    let inbox = Inbox::new(Executor::new(db))
+        .with_group(Group::new(8, 1).with_patience(Duration::from_secs(60)));
+    let consumer = ledger_consumer();
+    let envelopes: Vec<_> = (0..3)
+        .map(|i| entry_envelope(&format!("cut-{i}"), &format!("acct-{i}"), 7, None))
+        .collect();
+    match cut {
+        Cut::Before => proxy.refuse_next_commit(),
+        Cut::After => proxy.drop_next_commit(),
+    }
+    let handler = LedgerHandler::default();
+    let results = join_all(
+        envelopes
+            .iter()
+            .map(|envelope| inbox.process(envelope, &consumer, &handler)),
+    )
+    .await;
+    assert_eq!(proxy.commits_dropped(), 1, "a COMMIT was cut");
+    for result in &results {
+        let outcome = result.as_ref().expect("applied alone after the batch");
+        match cut {
+            // Reported only once it committed alone.
+            Cut::Before => assert!(matches!(outcome, Outcome::Processed(_))),
+            Cut::After => assert!(matches!(
+                outcome,
+                Outcome::Processed(_) | Outcome::Duplicate
+            )),
+        }
+    }
+    assert_eq!(t.count(Entry).await, 3, "each message applied once");
+    for i in 0..3 {
+        assert_eq!(balance(&t.db, &format!("acct-{i}")).await, Some(7));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_whose_commit_never_reached_the_server_runs_its_messages_again() {
+    a_batch_whose_commit_is_cut_applies_each_message_once(Cut::Before).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_whose_commit_reply_is_lost_applies_nothing_twice() {
+    a_batch_whose_commit_is_cut_applies_each_message_once(Cut::After).await;
+}
+
+/// A handler that waits until `barrier`'s other handlers are running too.
+struct Together(Arc<tokio::sync::Barrier>);
+
+impl Handle<()> for Together {
+    fn handle<'a>(&'a self, ctx: &'a Ctx<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let req =
+                EntryRequest::parse(&ctx.envelope().payload).map_err(HandlerError::Rejected)?;
+            record(ctx, &req).await?;
+            self.0.wait().await;
+            Ok(())
+        })
+    }
+}
+
+/// Units of a lane run one after another; four handlers (of four accounts:
+/// one account's row lock would make them take turns anyway) that can only
+/// finish together (each waits for the others) therefore finish only
+/// because the units queued behind a slow one move to other lanes. (SQLite
+/// has one writer: there slow handlers take turns, batched or not.)
+async fn slow_handlers_run_side_by_side_on_lanes_of_their_own(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let inbox = Inbox::new(Executor::new(t.db.clone())).with_batching(16, 4);
+    let consumer = ledger_consumer();
+    let handler = Together(Arc::new(tokio::sync::Barrier::new(4)));
+    let envelopes: Vec<_> = (0..4)
+        .map(|i| entry_envelope(&format!("slow-{i}"), &format!("slow-{i}"), 1, None))
+        .collect();
+    let all = join_all(
+        envelopes
+            .iter()
+            .map(|envelope| inbox.process(envelope, &consumer, &handler)),
+    );
+    let results = tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("the handlers never ran at the same time");
+    for result in results {
+        assert_eq!(result.unwrap(), Outcome::Processed(()));
+    }
+    for i in 0..4 {
+        assert_eq!(balance(&t.db, &format!("slow-{i}")).await, Some(1));
+    }
+}
+
+on_backends!(slow_handlers_run_side_by_side_on_lanes_of_their_own: postgres, mysql);
