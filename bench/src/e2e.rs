@@ -30,18 +30,32 @@ use crate::report::{Column, Figures, Report};
 /// Messages sent through before measuring (then `ANALYZE` on PostgreSQL).
 const WARM_UP: u64 = 2_000;
 
+/// How a row's process runs.
+#[derive(Clone, Copy)]
+struct Setup<'a> {
+    /// The database URL the WAL relay replicates from; `None` for table mode.
+    wal_url: Option<&'a str>,
+    /// `INBOX_BATCH`.
+    inbox_batch: usize,
+}
+
 /// Starts the same process `seawall run` starts, without the API, on `db`
 /// with a fresh LEDGER stream; returns what stops it and its task.
 async fn start(
     db: DatabaseConnection,
     nats_url: &str,
     js: &jetstream::Context,
-    wal_url: Option<&str>,
+    setup: Setup<'_>,
 ) -> Result<(CancellationToken, JoinHandle<Result<()>>)> {
+    let Setup {
+        wal_url,
+        inbox_batch,
+    } = setup;
     let _ = js.delete_stream(LEDGER_STREAM).await;
     let mut settings = Settings {
         nats_url: nats_url.to_owned(),
         consumer_concurrency: 32,
+        inbox_batch,
         // Nothing scrapes the benchmark's process.
         metrics_addr: "off".to_owned(),
         ..Settings::default()
@@ -107,9 +121,9 @@ async fn measure(
     client: &async_nats::Client,
     messages: u64,
     run: &str,
-    wal_url: Option<&str>,
+    setup: Setup<'_>,
 ) -> Result<f64> {
-    let (stop, running) = start(db, nats_url, js, wal_url).await?;
+    let (stop, running) = start(db, nats_url, js, setup).await?;
     let mut applied = client.subscribe(RECORDED_SUBJECT).await?;
     client.flush().await?;
     let started = Instant::now();
@@ -166,7 +180,7 @@ fn report(messages: u64) -> Report {
     report.setup("messages", format!("{messages} ledger.record published pipelined; timed until the subscriber saw every ledger.recorded"));
     report.setup(
         "process",
-        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`",
+        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`; INBOX_BATCH at its default (16) unless the row says otherwise",
     );
     report.setup(
         "warm-up",
@@ -196,22 +210,42 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
     let (pg_db, _) = pg.fresh("e2e").await?;
     let (wal_db, wal_url) = pg.fresh("e2ewal").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
-    for (label, db, wal) in [
-        ("SQLite", sqlite, None),
-        ("PostgreSQL", pg_db, None),
+    let batched = Settings::default().inbox_batch;
+    for (label, db, wal, batch) in [
+        (
+            "SQLite, one commit per message (INBOX_BATCH = 1)",
+            sqlite.clone(),
+            None,
+            1,
+        ),
+        ("SQLite", sqlite, None, batched),
+        (
+            "PostgreSQL, one commit per message (INBOX_BATCH = 1)",
+            pg_db.clone(),
+            None,
+            1,
+        ),
+        ("PostgreSQL", pg_db, None, batched),
         (
             "PostgreSQL, WAL outbox (outbox_mode = wal)",
             wal_db,
             Some(wal_url.as_str()),
+            batched,
         ),
     ] {
         let warm = WARM_UP.min(messages);
-        measure(db.clone(), nats_url, &js, &client, warm, "e2e-warm", wal).await?;
+        let run = format!("e2e-{batch}");
+        let warm_run = format!("e2e-warm-{batch}");
+        let setup = Setup {
+            wal_url: wal,
+            inbox_batch: batch,
+        };
+        measure(db.clone(), nats_url, &js, &client, warm, &warm_run, setup).await?;
         if db.get_database_backend() == sea_orm::DbBackend::Postgres {
             db.execute_unprepared("ANALYZE").await?;
         }
         let before = CpuSample::now();
-        let rate = measure(db.clone(), nats_url, &js, &client, messages, "e2e", wal).await?;
+        let rate = measure(db.clone(), nats_url, &js, &client, messages, &run, setup).await?;
         if let Some(url) = wal {
             drop_slot(&db, url).await?;
         }
