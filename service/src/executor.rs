@@ -206,10 +206,22 @@ impl Executor {
         }
     }
 
-    /// Begins a transaction with the executor's options, for work that
-    /// commits several units at once (see [`crate::group`]).
-    pub(crate) async fn begin(&self) -> Result<DatabaseTransaction, DbErr> {
-        self.db.begin_with_options(self.options).await
+    /// The options of a transaction that commits several units at once
+    /// (see [`crate::group`]): READ COMMITTED, so a unit that joins late
+    /// sees what other transactions committed before it, as its own
+    /// transaction would have; `None` when the executor asks for a stricter
+    /// level, which a shared transaction cannot give each unit.
+    pub(crate) fn batch_options(&self) -> Option<TransactionOptions> {
+        match self.options.isolation_level {
+            Some(IsolationLevel::RepeatableRead | IsolationLevel::Serializable) => None,
+            level => {
+                let mut options = self.options;
+                if self.backend() == DbBackend::MySql && level.is_none() {
+                    options.isolation_level = Some(IsolationLevel::ReadCommitted);
+                }
+                Some(options)
+            }
+        }
     }
 
     /// Wakes the commit signal's listener (see
@@ -224,7 +236,7 @@ impl Executor {
     where
         U: Unit<T> + ?Sized,
     {
-        let txn = self.begin().await?;
+        let txn = self.db.begin_with_options(self.options).await?;
         let outcome = AssertUnwindSafe(unit.run(&txn)).catch_unwind().await;
         match outcome {
             Ok(Ok(value)) => match txn.commit().await {

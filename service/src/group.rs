@@ -27,9 +27,11 @@
 //! - **Nothing is acknowledged before its commit.** A unit's result is
 //!   returned only once its batch committed (or once it ran alone), and the
 //!   consumer acks after [`crate::Inbox::process`] returns.
-//! - **Order per key holds.** The consumer starts a key's next message only
-//!   once the previous one returned, so two messages of a key are never in
-//!   flight together, batched or not.
+//! - **Isolation as without batching.** A batch's units see each other's
+//!   writes, as later transactions would. A batch runs at READ COMMITTED (on
+//!   MySQL too, whose default would fix one snapshot for every unit that
+//!   joins later and hide what other batches committed meanwhile); an
+//!   executor set to REPEATABLE READ or SERIALIZABLE does not batch.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -147,6 +149,9 @@ impl Group {
         T: Send,
         U: Unit<T> + ?Sized,
     {
+        let Some(options) = executor.batch_options() else {
+            return Joined::Alone;
+        };
         let mut index = 0;
         let (lane, mut member, mut open) = loop {
             let lane = &self.lanes[index];
@@ -164,10 +169,21 @@ impl Group {
             }
         };
         member.joined();
+        // Dropped first if this call is cancelled (a handling deadline),
+        // while the lane is still locked: the batch is not to commit.
+        let taint = Taint(&lane.tainted);
+        if lane.tainted.swap(false, Ordering::SeqCst)
+            && let Some(mut batch) = open.take()
+        {
+            // A member was cancelled in this batch: its statement may still
+            // run on the connection, and its outcome (an error) would reach
+            // whoever runs next. The batch ends here, rolled back.
+            batch.broken = true;
+            batch.close(lane, executor).await;
+        }
         if open.is_none() {
-            match executor.begin().await {
+            match executor.db().begin_with_options(options).await {
                 Ok(txn) => {
-                    lane.tainted.store(false, Ordering::SeqCst);
                     *open = Some(Batch {
                         txn,
                         units: 0,
@@ -179,6 +195,7 @@ impl Group {
                     });
                 }
                 Err(_) => {
+                    std::mem::forget(taint);
                     drop(open);
                     member.left();
                     return Joined::Alone;
@@ -189,6 +206,7 @@ impl Group {
         batch.units += 1;
         let mut end = batch.end.subscribe();
         let (result, recovered) = in_savepoint(&batch.txn, unit).await;
+        std::mem::forget(taint);
         match &result {
             Ok(_) => batch.processed += 1,
             Err(HandlerError::Database(err)) if breaks_batch(err) => batch.broken = true,
@@ -216,6 +234,9 @@ impl Group {
             }
         };
         match result {
+            // The error may not be this unit's (the savepoint could not be
+            // made, released or rolled back to): it runs again alone.
+            _ if !recovered => Joined::Alone,
             Ok(value) if committed => Joined::Settled(Ok(value)),
             Ok(_) => Joined::Alone,
             Err(HandlerError::Database(err)) if breaks_batch(&err) => Joined::Alone,
@@ -302,6 +323,16 @@ fn breaks_batch(err: &DbErr) -> bool {
     ) || crate::classify::is_outage(err)
 }
 
+/// Marks the lane's batch as not to commit when dropped: armed while a
+/// member runs, forgotten once its unit returned.
+struct Taint<'a>(&'a AtomicBool);
+
+impl Drop for Taint<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// A unit's place in a lane. Dropped before it left (its caller was
 /// cancelled: a handling deadline), it makes sure the batch it held open
 /// still ends.
@@ -348,7 +379,8 @@ impl Drop for Member {
             State::Waiting => {
                 self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
             }
-            State::Running => self.lane.tainted.store(true, Ordering::SeqCst),
+            // The batch was tainted (see `Taint`) before the lane unlocked.
+            State::Running => {}
         }
         // Whoever runs next closes the batch if nobody waits; with nobody
         // coming, this does.
