@@ -194,7 +194,7 @@ impl Application {
             let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()))
                 .with_outbox(service::Outbox::new(settings.outbox_mode))
                 .with_batching(
-                    settings.inbox_batch,
+                    settings.inbox_batch(db.get_database_backend()),
                     settings.inbox_lanes(domain.registry.registrations().len()),
                 );
             consumers(settings, &domain, inbox, &js).await?

@@ -35,8 +35,8 @@ const WARM_UP: u64 = 2_000;
 struct Setup<'a> {
     /// The database URL the WAL relay replicates from; `None` for table mode.
     wal_url: Option<&'a str>,
-    /// `INBOX_BATCH`.
-    inbox_batch: usize,
+    /// `INBOX_BATCH`; `None` for its default.
+    inbox_batch: Option<usize>,
 }
 
 /// Starts the same process `seawall run` starts, without the API, on `db`
@@ -180,7 +180,7 @@ fn report(messages: u64) -> Report {
     report.setup("messages", format!("{messages} ledger.record published pipelined; timed until the subscriber saw every ledger.recorded"));
     report.setup(
         "process",
-        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`; INBOX_BATCH at its default (16) unless the row says otherwise",
+        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`; INBOX_BATCH at its default (4 on PostgreSQL, 16 on SQLite) unless the row says otherwise",
     );
     report.setup(
         "warm-up",
@@ -210,32 +210,31 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
     let (pg_db, _) = pg.fresh("e2e").await?;
     let (wal_db, wal_url) = pg.fresh("e2ewal").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
-    let batched = Settings::default().inbox_batch;
     for (label, db, wal, batch) in [
         (
             "SQLite, one commit per message (INBOX_BATCH = 1)",
             sqlite.clone(),
             None,
-            1,
+            Some(1),
         ),
-        ("SQLite", sqlite, None, batched),
+        ("SQLite", sqlite, None, None),
         (
             "PostgreSQL, one commit per message (INBOX_BATCH = 1)",
             pg_db.clone(),
             None,
-            1,
+            Some(1),
         ),
-        ("PostgreSQL", pg_db, None, batched),
+        ("PostgreSQL", pg_db, None, None),
         (
             "PostgreSQL, WAL outbox (outbox_mode = wal)",
             wal_db,
             Some(wal_url.as_str()),
-            batched,
+            None,
         ),
     ] {
         let warm = WARM_UP.min(messages);
-        let run = format!("e2e-{batch}");
-        let warm_run = format!("e2e-warm-{batch}");
+        let run = format!("e2e-{batch:?}");
+        let warm_run = format!("e2e-warm-{batch:?}");
         let setup = Setup {
             wal_url: wal,
             inbox_batch: batch,

@@ -395,17 +395,22 @@ async fn scaling(
         if workers == 16 {
             variants(report, label, db, messages, run_id, &base).await?;
         }
-        if workers >= 16 {
-            batched(report, label, db, messages, run_id, workers).await?;
+        // The batch size sets how many commits are shared and how many
+        // lanes run at once (one per `batch` workers): measured at 16
+        // workers for each candidate default.
+        let sizes: &[usize] = match workers {
+            16 => &[4, 8, 16],
+            64 => &[16],
+            _ => &[],
+        };
+        for &batch in sizes {
+            batched(report, label, db, messages, run_id, workers, batch).await?;
         }
     }
     Ok(())
 }
 
-/// Messages per transaction in the batched rows (`INBOX_BATCH`'s default).
-const BATCH: usize = 16;
-
-/// Group commit at `workers`: seawall with `INBOX_BATCH` = [`BATCH`]
+/// Group commit at `workers`: seawall with `INBOX_BATCH` = `batch`
 /// against the baseline batched the same way, so the ratio is the inbox's
 /// own cost (marker and outbox row), not the commits'.
 async fn batched(
@@ -415,15 +420,16 @@ async fn batched(
     messages: u64,
     run_id: &str,
     workers: usize,
+    batch: usize,
 ) -> Result<()> {
     let ids = Arc::new(fresh(messages));
     let base = measure_batched(
         db,
         Mode::Baseline,
         ids.clone(),
-        &format!("gb{workers}-{run_id}"),
+        &format!("gb{workers}x{batch}-{run_id}"),
         workers,
-        BATCH,
+        batch,
     )
     .await?;
     let seawall = Mode::Seawall {
@@ -434,18 +440,18 @@ async fn batched(
         db,
         seawall,
         ids,
-        &format!("gs{workers}-{run_id}"),
+        &format!("gs{workers}x{batch}-{run_id}"),
         workers,
-        BATCH,
+        batch,
     )
     .await?;
     eprintln!(
-        "  {label} {workers} workers, batched: seawall {:.0}/s, baseline {:.0}/s",
+        "  {label} {workers} workers, batches of {batch}: seawall {:.0}/s, baseline {:.0}/s",
         sw.rate, base.rate
     );
     report.row(
         format!(
-            "{label}, {workers} workers, batched ({BATCH} per transaction, baseline batched too)"
+            "{label}, {workers} workers, batched ({batch} per transaction, baseline batched too)"
         ),
         sw.against(&base, true, is_postgres(db)),
     );

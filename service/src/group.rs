@@ -3,8 +3,10 @@
 //! flush on a durable database) instead of one each.
 //!
 //! There is no batcher task and no waiting for a batch to fill. A unit
-//! joins the batch open on the first lane whose queue moves, or opens one;
-//! units of a lane run one after another (they share a connection), and the
+//! starts on one of the first `ceil(lanes / batch size)` lanes, in turn,
+//! and joins the batch open there (or opens one); units of a lane run one
+//! after another (they share a connection), so several lanes run at once
+//! when there are more units than one batch holds. The
 //! unit that finds nobody queued behind it, fills the batch, or finds it
 //! open for [`PATIENCE`] commits it. A message arriving alone therefore
 //! commits at once, as without batching. A unit queued longer than
@@ -73,6 +75,11 @@ pub enum Joined<T> {
 pub struct Group {
     /// Units go to the first lane whose queue moves within [`PATIENCE`].
     lanes: Vec<Arc<Lane>>,
+    /// Lanes units start on, in turn: as many as batches of `limit` the
+    /// lanes' units fill, so that several run at once (a lane runs its
+    /// units one after another, on one connection).
+    starting: usize,
+    next: AtomicUsize,
     /// Most units in one batch.
     limit: usize,
     /// How long a unit waits for a lane, and a batch stays open for more
@@ -119,6 +126,8 @@ impl Group {
     pub fn new(limit: usize, lanes: usize) -> Self {
         Self {
             lanes: (0..lanes.max(1)).map(|_| Arc::default()).collect(),
+            starting: lanes.max(1).div_ceil(limit.max(1)),
+            next: AtomicUsize::new(0),
             limit: limit.max(1),
             patience: PATIENCE,
             markers: false,
@@ -152,7 +161,14 @@ impl Group {
         let Some(options) = executor.batch_options() else {
             return Joined::Alone;
         };
-        let mut index = 0;
+        // SQLite has one writer: a second lane would only wait for the
+        // first one's write lock.
+        let starting = if executor.backend() == sea_orm::DbBackend::Sqlite {
+            1
+        } else {
+            self.starting
+        };
+        let mut index = self.next.fetch_add(1, Ordering::Relaxed) % starting;
         let (lane, mut member, mut open) = loop {
             let lane = &self.lanes[index];
             let member = Member::arrive(lane.clone(), executor.clone());

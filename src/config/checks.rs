@@ -57,7 +57,7 @@ impl Settings {
             ("relay_max_attempts", self.relay_max_attempts),
             ("relay_retry_max_ms", self.relay_retry_max_ms),
             ("consumer_concurrency", self.consumer_concurrency as u64),
-            ("inbox_batch", self.inbox_batch as u64),
+            ("inbox_batch", self.inbox_batch.unwrap_or(1) as u64),
             ("max_handling_ms", self.max_handling_ms),
             ("nak_base_ms", self.nak_base_ms),
             ("stream_replicas", self.stream_replicas as u64),
