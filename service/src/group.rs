@@ -358,7 +358,6 @@ struct Member {
     state: State,
 }
 
-#[derive(PartialEq)]
 enum State {
     Waiting,
     Running,
@@ -380,10 +379,9 @@ impl Member {
         self.state = State::Running;
     }
 
+    /// Called once the member ran (or could not open a batch): nothing of
+    /// its lane is left to settle when it is dropped.
     fn left(&mut self) {
-        if self.state == State::Waiting {
-            self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
-        }
         self.state = State::Left;
     }
 }

@@ -29,6 +29,8 @@ enum Role {
     /// Looks, from a connection of its own, for the entry of message
     /// `first`: not there while the two share a transaction.
     Witness { first: String, saw: Arc<AtomicBool> },
+    /// Waits until the barrier's other handlers are running too.
+    Together(Arc<tokio::sync::Barrier>),
 }
 
 struct Scripted {
@@ -53,6 +55,10 @@ impl Handle<()> for Scripted {
                         .one(&self.outside)
                         .await?;
                     saw.store(found.is_some(), Ordering::SeqCst);
+                    Ok(())
+                }
+                Role::Together(barrier) => {
+                    barrier.wait().await;
                     Ok(())
                 }
             }
@@ -214,21 +220,6 @@ async fn a_batch_whose_commit_reply_is_lost_applies_nothing_twice() {
     a_batch_whose_commit_is_cut_applies_each_message_once(Cut::After).await;
 }
 
-/// A handler that waits until `barrier`'s other handlers are running too.
-struct Together(Arc<tokio::sync::Barrier>);
-
-impl Handle<()> for Together {
-    fn handle<'a>(&'a self, ctx: &'a Ctx<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let req =
-                EntryRequest::parse(&ctx.envelope().payload).map_err(HandlerError::Rejected)?;
-            record(ctx, &req).await?;
-            self.0.wait().await;
-            Ok(())
-        })
-    }
-}
-
 /// Units of a lane run one after another; four handlers (of four accounts:
 /// one account's row lock would make them take turns anyway) that can only
 /// finish together (each waits for the others) therefore finish only
@@ -238,7 +229,10 @@ async fn slow_handlers_run_side_by_side_on_lanes_of_their_own(backend: Backend) 
     let t = TestDb::new(backend).await;
     let inbox = Inbox::new(Executor::new(t.db.clone())).with_batching(16, 4);
     let consumer = ledger_consumer();
-    let handler = Together(Arc::new(tokio::sync::Barrier::new(4)));
+    let handler = Scripted {
+        role: Role::Together(Arc::new(tokio::sync::Barrier::new(4))),
+        outside: t.db.clone(),
+    };
     let envelopes: Vec<_> = (0..4)
         .map(|i| entry_envelope(&format!("slow-{i}"), &format!("slow-{i}"), 1, None))
         .collect();
