@@ -63,3 +63,17 @@ pub fn text<T: IntoIden>(col: T, nullable: bool) -> ColumnDef {
     };
     def
 }
+
+/// On MySQL and MariaDB, stores any Unicode character and compares text byte
+/// for byte, whatever the database's default (often case-insensitive, which
+/// would make an index take `Order-1` and `order-1` for one key). The other
+/// backends already do both.
+pub fn binary_text(
+    backend: DbBackend,
+    table: &mut TableCreateStatement,
+) -> &mut TableCreateStatement {
+    if backend == DbBackend::MySql {
+        table.character_set("utf8mb4").collate("utf8mb4_bin");
+    }
+    table
+}

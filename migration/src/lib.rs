@@ -34,6 +34,7 @@ mod m20261201_000012_create_wal_relay_position;
 mod m20261202_000013_unbounded_received_subjects;
 mod m20261202_000014_create_wal_slot_loss;
 mod m20261203_000015_add_wal_relay_progress;
+mod m20261204_000016_binary_text_on_mysql;
 
 /// Applies the pending migrations, one process at a time.
 ///
@@ -102,6 +103,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000013_unbounded_received_subjects::Migration),
             Box::new(m20261202_000014_create_wal_slot_loss::Migration),
             Box::new(m20261203_000015_add_wal_relay_progress::Migration),
+            Box::new(m20261204_000016_binary_text_on_mysql::Migration),
         ];
         // The domain's tables come after the platform's: sea-orm records
         // each migration by name, so the order only matters on a fresh

@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use sea_orm::{
-    AccessMode, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    IsolationLevel, SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 use tokio::sync::Notify;
 
@@ -63,6 +63,21 @@ pub trait Unit<T>: Send + Sync {
     /// that loss is [`HandlerError::CommitUnknown`].
     fn guarded_by_marker(&self) -> bool {
         false
+    }
+
+    /// Sets the savepoint `savepoint` on `txn` and runs the unit there (a
+    /// batch's unit, [`crate::group`]). A unit whose first statement can
+    /// carry the `SAVEPOINT` sends both in one round trip instead.
+    fn run_after_savepoint<'a>(
+        &'a self,
+        txn: &'a DatabaseTransaction,
+        savepoint: &'a str,
+    ) -> BoxFuture<'a, Result<T, HandlerError>> {
+        Box::pin(async move {
+            txn.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
+                .await?;
+            self.run(txn).await
+        })
     }
 }
 

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::FutureExt;
-use sea_orm::{DatabaseTransaction, DbErr, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use tokio::sync::{Mutex, watch};
 
 use crate::classify::{Failure, classify};
@@ -221,7 +221,7 @@ impl Group {
         let batch = open.as_mut().expect("opened above");
         batch.units += 1;
         let mut end = batch.end.subscribe();
-        let (result, recovered) = in_savepoint(&batch.txn, unit).await;
+        let (result, recovered) = in_savepoint(&batch.txn, unit, batch.units).await;
         std::mem::forget(taint);
         match &result {
             Ok(_) => batch.processed += 1,
@@ -301,29 +301,39 @@ async fn rollback(txn: DatabaseTransaction) {
     }
 }
 
-/// Runs `unit` under a savepoint of `txn`: released on success, rolled
+/// Runs `unit` under the savepoint `seawall_unit_<n>` of `txn`, rolled
 /// back to on failure or panic. The second value is `false` when the
-/// savepoint could not be released or rolled back to: the transaction is
-/// unusable.
-async fn in_savepoint<T, U>(txn: &DatabaseTransaction, unit: &U) -> (Result<T, HandlerError>, bool)
+/// savepoint could not be rolled back to: the transaction is unusable.
+///
+/// A savepoint that succeeded is not released: the batch's commit ends it
+/// with the rest, and a `RELEASE` would cost each unit a round trip. Each
+/// unit's savepoint has a name of its own, so a `ROLLBACK TO` can only
+/// reach the savepoint its unit made: were that `SAVEPOINT` to fail, the
+/// rollback fails too and the batch breaks, where a shared name would roll
+/// back the previous unit's committed-to-be work.
+async fn in_savepoint<T, U>(
+    txn: &DatabaseTransaction,
+    unit: &U,
+    n: usize,
+) -> (Result<T, HandlerError>, bool)
 where
     U: Unit<T> + ?Sized,
 {
-    let savepoint = match txn.begin().await {
-        Ok(savepoint) => savepoint,
-        Err(err) => return (Err(err.into()), false),
-    };
-    let result = match AssertUnwindSafe(unit.run(&savepoint)).catch_unwind().await {
+    let savepoint = format!("seawall_unit_{n}");
+    let result = match AssertUnwindSafe(unit.run_after_savepoint(txn, &savepoint))
+        .catch_unwind()
+        .await
+    {
         Ok(result) => result,
         Err(panic) => Err(HandlerError::Panicked(panic_message(panic.as_ref()))),
     };
     match result {
-        Ok(value) => match savepoint.commit().await {
-            Ok(()) => (Ok(value), true),
-            Err(err) => (Err(err.into()), false),
-        },
+        Ok(value) => (Ok(value), true),
         Err(err) => {
-            let recovered = savepoint.rollback().await.is_ok();
+            let recovered = txn
+                .execute_unprepared(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+                .await
+                .is_ok();
             (Err(err), recovered)
         }
     }

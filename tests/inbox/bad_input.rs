@@ -102,3 +102,29 @@ async fn a_malformed_payload_is_rejected_without_rows(backend: Backend) {
     assert_eq!(t.count(InboxMessage).await, 0);
 }
 on_backends!(a_malformed_payload_is_rejected_without_rows: sqlite, postgres);
+
+/// Ids that differ only in case, or in characters outside latin1, are
+/// different messages. A database default collation on MySQL and MariaDB
+/// is case-insensitive (and latin1 without a configuration file): there
+/// the second id met the first one's marker and was acknowledged as a
+/// duplicate without being applied.
+async fn ids_that_differ_only_in_case_are_different_messages(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let handler = crate::support::domain::LedgerHandler::default();
+    for id in ["Order-1", "order-1", "ORDER-1", "order-1 ✓", "order-1 😀"] {
+        let outcome = inbox
+            .process(&entry_envelope(id, "c", 1, None), &consumer, &handler)
+            .await
+            .unwrap_or_else(|err| panic!("{id}: {err}"));
+        assert!(
+            matches!(outcome, service::Outcome::Processed(_)),
+            "{id} was taken for another id's copy: {outcome:?}"
+        );
+    }
+    assert_eq!(t.count(InboxMessage).await, 5);
+    assert_eq!(t.count(OutboxMessage).await, 5);
+}
+
+on_backends!(ids_that_differ_only_in_case_are_different_messages: sqlite, postgres, mysql);

@@ -1,6 +1,6 @@
 //! The demo domain: accounts and the credits applied to them.
 
-use crate::columns::{MESSAGE_ID_LEN, NAME_LEN, bounded, utc};
+use crate::columns::{MESSAGE_ID_LEN, NAME_LEN, binary_text, bounded, utc};
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::{big_integer, big_pk_auto};
 
@@ -34,7 +34,7 @@ impl MigrationTrait for Migration {
         let db = manager.get_database_backend();
         manager
             .create_table(
-                Table::create()
+                binary_text(db, &mut Table::create())
                     .table(Account::Table)
                     .if_not_exists()
                     .col(bounded(Account::AccountId, NAME_LEN, false).primary_key())
@@ -45,7 +45,7 @@ impl MigrationTrait for Migration {
             .await?;
         manager
             .create_table(
-                Table::create()
+                binary_text(db, &mut Table::create())
                     .table(Credit::Table)
                     .if_not_exists()
                     .col(big_pk_auto(Credit::Id))

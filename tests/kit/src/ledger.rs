@@ -83,6 +83,12 @@ pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
     let schema = Schema::new(backend);
     let mut entries = schema.create_table_from_entity(entry::Entity);
     let mut balances = schema.create_table_from_entity(balance::Entity);
+    if backend == sea_orm::DbBackend::MySql {
+        // As seawall's own tables: ids compared byte for byte, any character.
+        for table in [&mut entries, &mut balances] {
+            table.character_set("utf8mb4").collate("utf8mb4_bin");
+        }
+    }
     db.execute(&*entries.if_not_exists()).await?;
     db.execute(&*balances.if_not_exists()).await?;
     let index = Index::create()
