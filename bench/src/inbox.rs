@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use futures::future::BoxFuture;
 use migration::MigratorTrait;
 use sea_orm::{
@@ -527,7 +527,7 @@ fn report(messages: u64) -> Report {
     );
     report.setup(
         "CPU",
-        "user+system time of this process and of all postgres processes, per 1,000 messages (on SQLite, which runs inside this process, this process alone)",
+        "user+system time of this process and of all postgres processes, per 1,000 messages (on SQLite, which runs inside this process, and on MariaDB, this process alone)",
     );
     report.setup(
         "warm-up",
@@ -536,16 +536,20 @@ fn report(messages: u64) -> Report {
     report
 }
 
-/// Runs the scenario on PostgreSQL and on SQLite, twice: with the default
-/// `synchronous = FULL` (a commit survives a power cut) and with `NORMAL`
+/// Runs the scenario on PostgreSQL, on MariaDB or MySQL at `mysql` if
+/// given, and on SQLite twice: with the default `synchronous = FULL` (a
+/// commit survives a power cut) and with `NORMAL`
 /// (`SEAWALL_SQLITE_SYNCHRONOUS=normal`), so the price of durability is a
 /// row apart.
-pub async fn run(pg: &mut PgServer, messages: u64) -> Result<Report> {
+pub async fn run(pg: &mut PgServer, messages: u64, mysql: Option<&str>) -> Result<Report> {
     let mut report = report(messages);
     let dir = tempfile::tempdir()?;
     let (pg_db, _) = pg.fresh("inbox").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
     on_backend(&mut report, "PostgreSQL", &pg_db, messages).await?;
+    if let Some(base) = mysql {
+        on_mysql(&mut report, base, messages).await?;
+    }
     for (label, synchronous) in [
         ("SQLite", service::db::SqliteSync::Full),
         ("SQLite synchronous=NORMAL", service::db::SqliteSync::Normal),
@@ -568,6 +572,46 @@ pub async fn run(pg: &mut PgServer, messages: u64) -> Result<Report> {
         on_backend(&mut report, label, &sqlite, messages).await?;
     }
     Ok(report)
+}
+
+/// The scenario on the MariaDB or MySQL server at `base` (no database
+/// name), in a database of its own that is dropped afterwards.
+async fn on_mysql(report: &mut Report, base: &str, messages: u64) -> Result<()> {
+    let name = format!("bench_inbox_{}", uuid::Uuid::now_v7().simple());
+    let admin = service::db::connect(base, 1).await?;
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .with_context(|| format!("creating the database {name}"))?;
+    let measured = async {
+        let db = service::db::connect(&format!("{base}/{name}"), 32).await?;
+        migration::Migrator::up(&db, None).await?;
+        testkit::ledger::create_tables(&db).await?;
+        report.version("MariaDB", mysql_version(&db).await?);
+        on_backend(report, "MariaDB", &db, messages).await?;
+        db.close().await?;
+        anyhow::Ok(())
+    }
+    .await;
+    admin
+        .execute_unprepared(&format!("DROP DATABASE {name}"))
+        .await?;
+    measured
+}
+
+/// The server's version and how it makes a commit durable: figures taken
+/// without a log flush per commit say nothing about production.
+async fn mysql_version(db: &DatabaseConnection) -> Result<String> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::MySql,
+            "SELECT CONCAT(VERSION(), ' (innodb_flush_log_at_trx_commit ', \
+             @@innodb_flush_log_at_trx_commit, ', innodb_doublewrite ', \
+             @@innodb_doublewrite, ')') AS v",
+        ))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no version"))?;
+    Ok(row.try_get::<String>("", "v")?)
 }
 
 /// The SQLite library's version, for the report's versions line.

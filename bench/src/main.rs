@@ -86,6 +86,11 @@ enum Scenario {
         /// Messages per measurement.
         #[arg(long, default_value_t = 10_000)]
         messages: u64,
+        /// MariaDB or MySQL server (no database name) to measure too, in a
+        /// database of its own; `scripts/bench` sets it to a server that
+        /// flushes its log at every commit.
+        #[arg(long, env = "SEAWALL_BENCH_MYSQL_URL")]
+        mysql_url: Option<String>,
     },
     /// Outbox rows/s to JetStream against a plain publisher, 1 and 3 relays.
     Relay {
@@ -134,7 +139,10 @@ impl Scenario {
                 history: 2_000,
                 requests: 5,
             },
-            Self::Inbox { .. } => Self::Inbox { messages: 100 },
+            Self::Inbox { mysql_url, .. } => Self::Inbox {
+                messages: 100,
+                mysql_url,
+            },
             Self::Relay { .. } => Self::Relay { rows: 500 },
             Self::RelayMemory { .. } => Self::RelayMemory {
                 small: 500,
@@ -154,7 +162,10 @@ impl Scenario {
                 history,
                 requests,
             } => api::run(pg, rows, history, requests).await,
-            Self::Inbox { messages } => inbox::run(pg, messages).await,
+            Self::Inbox {
+                messages,
+                mysql_url,
+            } => inbox::run(pg, messages, mysql_url.as_deref()).await,
             Self::Relay { rows } => relay::run(pg, nats_url, rows).await,
             Self::RelayMemory { small, large } => memory::run(pg, nats_url, small, large).await,
             Self::Latency { seconds } => {
