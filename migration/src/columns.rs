@@ -5,7 +5,7 @@
 //! MySQL's plain `timestamp` would truncate them and break ordering by time.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend, Statement};
 
 /// Longest message id accepted anywhere (bytes). `service` enforces the same bound.
 pub const MESSAGE_ID_LEN: u32 = 200;
@@ -64,16 +64,33 @@ pub fn text<T: IntoIden>(col: T, nullable: bool) -> ColumnDef {
     def
 }
 
-/// On MySQL and MariaDB, stores any Unicode character and compares text byte
-/// for byte, whatever the database's default (often case-insensitive, which
-/// would make an index take `Order-1` and `order-1` for one key). The other
-/// backends already do both.
-pub fn binary_text(
-    backend: DbBackend,
+/// On MySQL and MariaDB, gives `table` the database's default character set
+/// and collation: seawall's migrations make those `utf8mb4` with a binary
+/// collation that does not pad, so ids are compared byte for byte (a
+/// case-insensitive default would take `Order-1` and `order-1` for one
+/// key). Said on the table because a connection opened before that
+/// migration still creates tables with the old default. The other
+/// backends already compare byte for byte.
+///
+/// # Errors
+/// The look-up's error.
+pub async fn binary_text<C: ConnectionTrait>(
+    db: &C,
     table: &mut TableCreateStatement,
-) -> &mut TableCreateStatement {
-    if backend == DbBackend::MySql {
-        table.character_set("utf8mb4").collate("utf8mb4_bin");
+) -> Result<(), DbErr> {
+    if db.get_database_backend() != DbBackend::MySql {
+        return Ok(());
     }
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::MySql,
+            "SELECT DEFAULT_CHARACTER_SET_NAME AS s, DEFAULT_COLLATION_NAME AS c \
+             FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = DATABASE()",
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom("no database selected".into()))?;
     table
+        .character_set(row.try_get::<String>("", "s")?)
+        .collate(row.try_get::<String>("", "c")?);
+    Ok(())
 }

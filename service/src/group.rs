@@ -3,10 +3,11 @@
 //! flush on a durable database) instead of one each.
 //!
 //! There is no batcher task and no waiting for a batch to fill. A unit
-//! starts on one of the first `ceil(lanes / batch size)` lanes, in turn,
-//! and joins the batch open there (or opens one); units of a lane run one
-//! after another (they share a connection), so several lanes run at once
-//! when there are more units than one batch holds. The
+//! starts on the first of the first `ceil(lanes / batch size)` lanes whose
+//! queue would not fill a batch, and joins the batch open there (or opens
+//! one); units of a lane run one after another (they share a connection),
+//! so a lane runs at once beside the first only when the load fills it:
+//! batches grow with the load instead of spreading it thin. The
 //! unit that finds nobody queued behind it, fills the batch, or finds it
 //! open for [`PATIENCE`] commits it. A message arriving alone therefore
 //! commits at once, as without batching. A unit queued longer than
@@ -58,6 +59,14 @@ use crate::rollup::{self, Tally};
 /// this long, and so stay together in large batches.
 const PATIENCE: Duration = Duration::from_millis(20);
 
+/// Most units one batch may hold. On PostgreSQL each unit's savepoint is a
+/// subtransaction, and a transaction with more than 64 of them overflows
+/// the per-backend cache every other session's snapshot consults: from then
+/// on their visibility checks look subtransactions up in `pg_subtrans`, a
+/// slowdown for the whole server. Savepoints a unit's handler makes count
+/// too, so the cap leaves room for some.
+pub const MAX_BATCH: usize = 32;
+
 /// How a unit that joined a batch ended.
 pub enum Joined<T> {
     /// Its batch committed (or its own failure stands whatever the batch
@@ -75,9 +84,10 @@ pub enum Joined<T> {
 pub struct Group {
     /// Units go to the first lane whose queue moves within [`PATIENCE`].
     lanes: Vec<Arc<Lane>>,
-    /// Lanes units start on, in turn: as many as batches of `limit` the
-    /// lanes' units fill, so that several run at once (a lane runs its
-    /// units one after another, on one connection).
+    /// Lanes units start on, the first with room first: as many as
+    /// batches of `limit` the lanes' units fill, so that several run at
+    /// once under load (a lane runs its units one after another, on one
+    /// connection).
     starting: usize,
     next: AtomicUsize,
     /// Most units in one batch.
@@ -121,14 +131,16 @@ struct Batch {
 }
 
 impl Group {
-    /// Batches of at most `limit` units on up to `lanes` lanes (as many as
-    /// units may run at once: then a unit never waits behind slow ones).
+    /// Batches of at most `limit` units (no more than [`MAX_BATCH`]) on up
+    /// to `lanes` lanes (as many as units may run at once: then a unit
+    /// never waits behind slow ones).
     pub fn new(limit: usize, lanes: usize) -> Self {
+        let limit = limit.clamp(1, MAX_BATCH);
         Self {
             lanes: (0..lanes.max(1)).map(|_| Arc::default()).collect(),
-            starting: lanes.max(1).div_ceil(limit.max(1)),
+            starting: lanes.max(1).div_ceil(limit),
             next: AtomicUsize::new(0),
-            limit: limit.max(1),
+            limit,
             patience: PATIENCE,
             markers: false,
         }
@@ -168,7 +180,13 @@ impl Group {
         } else {
             self.starting
         };
-        let mut index = self.next.fetch_add(1, Ordering::Relaxed) % starting;
+        // The first lane where this unit still makes the next batch (fewer
+        // than `limit - 1` queued behind the running one): load gathers on
+        // the first lanes, so batches grow with it, and another lane runs
+        // at once only when those are full. All full: in turn.
+        let mut index = (0..starting)
+            .find(|&i| self.lanes[i].waiting.load(Ordering::SeqCst) + 1 < self.limit)
+            .unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed) % starting);
         let (lane, mut member, mut open) = loop {
             let lane = &self.lanes[index];
             let member = Member::arrive(lane.clone(), executor.clone());
@@ -251,7 +269,7 @@ impl Group {
         };
         match result {
             // The error may not be this unit's (the savepoint could not be
-            // made, released or rolled back to): it runs again alone.
+            // made or rolled back to): it runs again alone.
             _ if !recovered => Joined::Alone,
             Ok(value) if committed => Joined::Settled(Ok(value)),
             Ok(_) => Joined::Alone,
@@ -290,8 +308,18 @@ impl Batch {
 }
 
 /// Adds the batch's `markers` to the minute's count and commits.
+///
+/// A statement always runs before the `COMMIT`: on PostgreSQL a `COMMIT`
+/// of a transaction a unit left aborted (a handler that swallowed a
+/// database error and returned `Ok`) answers `ROLLBACK` without an error,
+/// and would report work that vanished as committed. The count is that
+/// statement when there are markers; otherwise a bare `SELECT 1`.
 async fn commit(txn: DatabaseTransaction, markers: u64) -> Result<(), DbErr> {
-    rollup::add(&txn, Tally::Processed, Utc::now(), markers).await?;
+    if markers > 0 {
+        rollup::add(&txn, Tally::Processed, Utc::now(), markers).await?;
+    } else {
+        txn.execute_unprepared("SELECT 1").await?;
+    }
     txn.commit().await
 }
 

@@ -72,6 +72,18 @@ impl Settings {
                 return Err(invalid(key, "must be at least 1"));
             }
         }
+        if self
+            .inbox_batch
+            .is_some_and(|batch| batch > service::group::MAX_BATCH)
+        {
+            return Err(invalid(
+                "inbox_batch",
+                format!(
+                    "must be at most {}: each delivery of a batch is a subtransaction, and PostgreSQL slows every session down once a transaction holds more than 64",
+                    service::group::MAX_BATCH
+                ),
+            ));
+        }
         if self.duplicate_window_ms == 0 {
             return Err(invalid("duplicate_window_ms", "must be at least 1"));
         }

@@ -103,9 +103,10 @@ async fn a_malformed_payload_is_rejected_without_rows(backend: Backend) {
 }
 on_backends!(a_malformed_payload_is_rejected_without_rows: sqlite, postgres);
 
-/// Ids that differ only in case, or in characters outside latin1, are
-/// different messages. A database default collation on MySQL and MariaDB
-/// is case-insensitive (and latin1 without a configuration file): there
+/// Ids that differ only in case, in a trailing space, or in characters
+/// outside latin1 are different messages. A database's default collation
+/// on MySQL and MariaDB is case-insensitive (and latin1 without a
+/// configuration file), and `utf8mb4_bin` ignores trailing spaces: there
 /// the second id met the first one's marker and was acknowledged as a
 /// duplicate without being applied.
 async fn ids_that_differ_only_in_case_are_different_messages(backend: Backend) {
@@ -113,7 +114,14 @@ async fn ids_that_differ_only_in_case_are_different_messages(backend: Backend) {
     let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
     let inbox = Inbox::new(Executor::new(t.db.clone()));
     let handler = crate::support::domain::LedgerHandler::default();
-    for id in ["Order-1", "order-1", "ORDER-1", "order-1 ✓", "order-1 😀"] {
+    for id in [
+        "Order-1",
+        "order-1",
+        "ORDER-1",
+        "order-1 ",
+        "order-1 ✓",
+        "order-1 😀",
+    ] {
         let outcome = inbox
             .process(&entry_envelope(id, "c", 1, None), &consumer, &handler)
             .await
@@ -123,8 +131,8 @@ async fn ids_that_differ_only_in_case_are_different_messages(backend: Backend) {
             "{id} was taken for another id's copy: {outcome:?}"
         );
     }
-    assert_eq!(t.count(InboxMessage).await, 5);
-    assert_eq!(t.count(OutboxMessage).await, 5);
+    assert_eq!(t.count(InboxMessage).await, 6);
+    assert_eq!(t.count(OutboxMessage).await, 6);
 }
 
 on_backends!(ids_that_differ_only_in_case_are_different_messages: sqlite, postgres, mysql);

@@ -11,6 +11,13 @@ fn a_non_numeric_setting_stops_startup_naming_the_key() {
 }
 
 #[test]
+fn an_inbox_batch_past_the_cap_stops_startup_naming_the_key() {
+    let out = seawall(&["migrate"], &[("SEAWALL_INBOX_BATCH", "33")]);
+    fails_naming(&out, "inbox_batch");
+    fails_naming(&out, "must be at most 32");
+}
+
+#[test]
 fn an_unknown_log_format_or_filter_stops_startup_naming_the_variable() {
     let out = seawall(&["migrate"], &[("SEAWALL_LOG_FORMAT", "xml")]);
     fails_naming(

@@ -32,31 +32,28 @@ enum Credit {
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_database_backend();
-        manager
-            .create_table(
-                binary_text(db, &mut Table::create())
-                    .table(Account::Table)
-                    .if_not_exists()
-                    .col(bounded(Account::AccountId, NAME_LEN, false).primary_key())
-                    .col(big_integer(Account::Balance).default(0))
-                    .col(utc(db, Account::UpdatedAt, false))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .create_table(
-                binary_text(db, &mut Table::create())
-                    .table(Credit::Table)
-                    .if_not_exists()
-                    .col(big_pk_auto(Credit::Id))
-                    .col(bounded(Credit::MessageId, MESSAGE_ID_LEN, false))
-                    .col(bounded(Credit::AccountId, NAME_LEN, false))
-                    .col(big_integer(Credit::Amount))
-                    .col(bounded(Credit::Reference, NAME_LEN, true))
-                    .col(utc(db, Credit::CreatedAt, false))
-                    .to_owned(),
-            )
-            .await?;
+        let mut accounts = Table::create()
+            .table(Account::Table)
+            .if_not_exists()
+            .col(bounded(Account::AccountId, NAME_LEN, false).primary_key())
+            .col(big_integer(Account::Balance).default(0))
+            .col(utc(db, Account::UpdatedAt, false))
+            .to_owned();
+        let mut credits = Table::create()
+            .table(Credit::Table)
+            .if_not_exists()
+            .col(big_pk_auto(Credit::Id))
+            .col(bounded(Credit::MessageId, MESSAGE_ID_LEN, false))
+            .col(bounded(Credit::AccountId, NAME_LEN, false))
+            .col(big_integer(Credit::Amount))
+            .col(bounded(Credit::Reference, NAME_LEN, true))
+            .col(utc(db, Credit::CreatedAt, false))
+            .to_owned();
+        for table in [&mut accounts, &mut credits] {
+            binary_text(manager.get_connection(), table).await?;
+        }
+        manager.create_table(accounts).await?;
+        manager.create_table(credits).await?;
         // The business key: a second credit with the same reference is a real
         // error, never an inbox duplicate.
         manager

@@ -84,9 +84,22 @@ pub async fn create_tables(db: &DatabaseConnection) -> Result<(), DbErr> {
     let mut entries = schema.create_table_from_entity(entry::Entity);
     let mut balances = schema.create_table_from_entity(balance::Entity);
     if backend == sea_orm::DbBackend::MySql {
-        // As seawall's own tables: ids compared byte for byte, any character.
+        // The database's default, which seawall's migrations made a binary
+        // collation (as `migration`'s `columns::binary_text`): this pool's
+        // connections predate that change and would still use the old one.
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                backend,
+                "SELECT DEFAULT_CHARACTER_SET_NAME AS s, DEFAULT_COLLATION_NAME AS c \
+                 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = DATABASE()",
+            ))
+            .await?
+            .ok_or_else(|| DbErr::Custom("no database selected".into()))?;
+        let (set, collation): (String, String) = (row.try_get("", "s")?, row.try_get("", "c")?);
         for table in [&mut entries, &mut balances] {
-            table.character_set("utf8mb4").collate("utf8mb4_bin");
+            table
+                .character_set(set.as_str())
+                .collate(collation.as_str());
         }
     }
     db.execute(&*entries.if_not_exists()).await?;
