@@ -11,7 +11,7 @@ use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
 use crate::support::{TestDb, pg_count};
 use crate::wal::{slot_holder, slot_of, wal_env};
-use crate::wal_windows::{assert_published_once_in_order, commit_one_key, stream_messages, until};
+use crate::wal_windows::{assert_published_in_order, commit_one_key, stream_messages, until};
 
 /// Long enough for a standby to take over and publish the held window
 /// again within it (so what both published before the freeze is one copy),
@@ -22,9 +22,10 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(10);
 /// of one ordering key; PostgreSQL ends its session after 2 s, the standby
 /// takes the slot and publishes the window; past the duplicate window the
 /// holder is woken (SIGCONT). It finds another session holds the slot and
-/// stops before its next round: the stream holds each event once, in order.
+/// stops before its next round: the stream holds each event in order, and
+/// at most the one event the holder had in hand at the freeze twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_relay_woken_after_a_standby_took_over_publishes_nothing_more() {
+async fn a_relay_woken_after_a_standby_took_over_publishes_no_further_round() {
     let pg = PrivatePostgres::start(&["wal_level=logical", "wal_sender_timeout=2s"]);
     let t = TestDb::on_postgres(&pg.url).await;
     let nats = NatsServer::start().await;
@@ -86,7 +87,12 @@ async fn a_relay_woken_after_a_standby_took_over_publishes_nothing_more() {
         || async { holder.log_text().contains("WAL relay session ended") },
     )
     .await;
-    assert_published_once_in_order(&standby, &t, &js, &ids).await;
+    // The one event the holder may have handed to its client between its
+    // last clock reading and the freeze goes out when it wakes: JetStream
+    // cannot tell it from a new one past the duplicate window, and no
+    // check the relay makes can call it back (see docs/outbox.md). Its
+    // whole window (2,700 events) would go out without the fence.
+    assert_published_in_order(&standby, &t, &js, &ids, 1).await;
     for relay in [&mut holder, &mut standby] {
         assert!(relay.terminate().await.success(), "{}", relay.log_text());
         relay.assert_no_panic();

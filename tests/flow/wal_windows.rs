@@ -204,6 +204,21 @@ pub(crate) async fn assert_published_once_in_order(
     js: &jetstream::Context,
     ids: &[String],
 ) {
+    assert_published_in_order(relay, t, js, ids, 0).await;
+}
+
+/// As [`assert_published_once_in_order`], but up to `strays` events may
+/// also be stored a second time, anywhere after their first copy: what a
+/// relay had handed to its NATS client when it was frozen goes out when it
+/// wakes (the inbox takes such a copy for the duplicate it is). Every
+/// event's first copy must still be there, once and in order.
+pub(crate) async fn assert_published_in_order(
+    relay: &Seawall,
+    t: &TestDb,
+    js: &jetstream::Context,
+    ids: &[String],
+    strays: usize,
+) {
     until(
         relay,
         "every event in the stream and no row waiting",
@@ -214,10 +229,20 @@ pub(crate) async fn assert_published_once_in_order(
     )
     .await;
     let stored = stored_ids(js).await;
-    assert_eq!(stored.len(), ids.len(), "events stored: {}", stored.len());
+    let mut seen = std::collections::HashSet::new();
+    let first: Vec<&String> = stored.iter().filter(|id| seen.insert(*id)).collect();
     assert!(
-        stored == ids,
-        "the stream does not hold the key's events once each in order"
+        stored.len() <= ids.len() + strays,
+        "events stored: {} of {} ({} copies allowed)",
+        stored.len(),
+        ids.len(),
+        strays
+    );
+    assert!(
+        first.iter().copied().eq(ids.iter()),
+        "the stream does not hold the key's events in order ({} distinct of {})",
+        first.len(),
+        ids.len()
     );
 }
 
