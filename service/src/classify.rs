@@ -123,6 +123,16 @@ pub fn is_outage(err: &DbErr) -> bool {
     blame(err) == Blame::Outage
 }
 
+/// True when PostgreSQL refused `err`'s statement because an earlier one
+/// failed in the same transaction (SQLSTATE `25P02`): the transaction is
+/// aborted, and its `COMMIT` would answer `ROLLBACK` without an error.
+pub fn is_aborted_transaction(err: &DbErr) -> bool {
+    matches!(
+        shape_of(err),
+        ErrorShape::Database { backend: Engine::Postgres, code: Some(code), .. } if code == "25P02"
+    )
+}
+
 const OUTAGE_CONNECTION: &str = "connection";
 const OUTAGE_RESTART: &str = "server_restart";
 const OUTAGE_READ_ONLY: &str = "read_only";

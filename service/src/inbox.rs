@@ -229,11 +229,7 @@ where
         Box::pin(async move {
             // The marker goes first: on PostgreSQL a concurrent instance then
             // blocks on the index right away instead of doing the work twice.
-            if self.counted {
-                record_marker(txn, self.envelope, self.consumer).await?;
-            } else {
-                insert_marker(txn, self.envelope, self.consumer).await?;
-            }
+            insert_marker(txn, self.envelope, self.consumer).await?;
             self.handle(txn).await
         })
     }
@@ -257,22 +253,43 @@ where
                 .to_string(PostgresQueryBuilder);
             txn.execute_unprepared(&format!("SAVEPOINT {savepoint}; {marker}"))
                 .await?;
-            if self.counted {
-                rollup::add(txn, Tally::Processed, Utc::now(), 1).await?;
-            }
             self.handle(txn).await
         })
     }
 }
 
 impl<H: ?Sized> MarkedUnit<'_, H> {
-    /// The handler, on `txn` after the marker.
+    /// The handler, on `txn` after the marker, then the marker's count.
+    ///
+    /// The count comes after the handler because on PostgreSQL it is then
+    /// also the statement that finds a transaction the handler left aborted
+    /// (it met a database error and returned `Ok` without passing it on):
+    /// the `COMMIT` of such a transaction answers `ROLLBACK` without an
+    /// error, and the message would be acknowledged with its marker and its
+    /// work gone. A batch counts its units at its commit, which finds it the
+    /// same way, and runs them again alone.
     async fn handle<T>(&self, txn: &DatabaseTransaction) -> Result<T, HandlerError>
     where
         H: Handle<T>,
     {
         let ctx = Ctx::new(txn, self.envelope, self.consumer, self.outbox);
-        self.handler.handle(&ctx).await
+        let value = self.handler.handle(&ctx).await?;
+        if self.counted {
+            rollup::add(txn, Tally::Processed, Utc::now(), 1)
+                .await
+                .map_err(|err| {
+                    if crate::classify::is_aborted_transaction(&err) {
+                        HandlerError::Failed(
+                            "the handler returned Ok after a database error it swallowed: \
+                             PostgreSQL aborted the transaction, and none of its work was committed"
+                                .into(),
+                        )
+                    } else {
+                        err.into()
+                    }
+                })?;
+        }
+        Ok(value)
     }
 }
 

@@ -136,3 +136,52 @@ async fn ids_that_differ_only_in_case_are_different_messages(backend: Backend) {
 }
 
 on_backends!(ids_that_differ_only_in_case_are_different_messages: sqlite, postgres, mysql);
+
+/// A handler that meets a database error, swallows it and returns `Ok`.
+/// PostgreSQL has aborted the transaction by then, and its `COMMIT`
+/// answers `ROLLBACK` without an error: the message would be acknowledged
+/// with its marker and its entry gone. The inbox must report it as failed,
+/// alone and in a batch, and leave nothing behind.
+async fn a_handler_that_swallows_a_database_error_is_not_reported_processed(batch: usize) {
+    let t = TestDb::new(Backend::Postgres).await;
+    let consumer = ConsumerName::parse(LEDGER_CONSUMER).unwrap();
+    let inbox = Inbox::new(Executor::new(t.db.clone())).with_batching(batch, 1);
+    let swallowing = handler(|ctx| -> BoxFuture<'_, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let env = ctx.envelope();
+            let req = EntryRequest::parse(&env.payload).map_err(HandlerError::Rejected)?;
+            record(ctx, &req).await?;
+            let failed = sea_orm::ConnectionTrait::execute_unprepared(ctx.txn(), "SELECT 1/0")
+                .await
+                .is_err();
+            assert!(failed, "the statement was meant to fail");
+            Ok(())
+        })
+    });
+    let env = entry_envelope("swallows", "acct", 100, None);
+    let err = inbox
+        .process(&env, &consumer, &swallowing)
+        .await
+        .expect_err("reported processed, with nothing committed");
+    assert!(
+        err.to_string().contains("swallowed"),
+        "the error does not say what happened: {err}"
+    );
+    for n in [
+        t.count(InboxMessage).await,
+        t.count(Entry).await,
+        t.count(OutboxMessage).await,
+    ] {
+        assert_eq!(n, 0);
+    }
+}
+
+#[tokio::test]
+async fn a_handler_that_swallows_a_database_error_is_not_reported_processed_alone() {
+    a_handler_that_swallows_a_database_error_is_not_reported_processed(1).await;
+}
+
+#[tokio::test]
+async fn a_handler_that_swallows_a_database_error_is_not_reported_processed_in_a_batch() {
+    a_handler_that_swallows_a_database_error_is_not_reported_processed(4).await;
+}
