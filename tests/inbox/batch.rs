@@ -31,6 +31,9 @@ enum Role {
     Witness { first: String, saw: Arc<AtomicBool> },
     /// Waits until the barrier's other handlers are running too.
     Together(Arc<tokio::sync::Barrier>),
+    /// Waits for the gate to open (its permit may come first), then does
+    /// nothing more: the messages behind it have arrived by then.
+    Gated(Arc<tokio::sync::Notify>),
 }
 
 struct Scripted {
@@ -59,6 +62,10 @@ impl Handle<()> for Scripted {
                 }
                 Role::Together(barrier) => {
                     barrier.wait().await;
+                    Ok(())
+                }
+                Role::Gated(gate) => {
+                    gate.notified().await;
                     Ok(())
                 }
             }
@@ -93,6 +100,7 @@ async fn a_batch_commits_exactly_its_good_messages(backend: Backend) {
 
     let outside = connect(&t.url, 1).await;
     let saw = Arc::new(AtomicBool::new(true));
+    let gate = Arc::new(tokio::sync::Notify::new());
     let scripted = |role| Scripted {
         role,
         outside: outside.clone(),
@@ -100,7 +108,7 @@ async fn a_batch_commits_exactly_its_good_messages(backend: Backend) {
     let batch: Vec<(Envelope, Scripted)> = vec![
         (
             entry_envelope("b-first", "a", 10, None),
-            scripted(Role::Good),
+            scripted(Role::Gated(gate.clone())),
         ),
         (applied.clone(), scripted(Role::Good)),
         (
@@ -120,13 +128,18 @@ async fn a_batch_commits_exactly_its_good_messages(backend: Backend) {
         ),
     ];
     // One poll of `join_all` starts every call: the first opens the batch,
-    // the others queue behind it and join it.
-    let results = join_all(
-        batch
-            .iter()
-            .map(|(envelope, handler)| inbox.process(envelope, &consumer, handler)),
-    )
-    .await;
+    // the others queue behind it and join it. The first one's handler
+    // waits for the gate, which opens only after that poll: its replies
+    // can come so fast that it would otherwise finish, and commit alone,
+    // before the others were polled at all.
+    let (results, ()) = futures::join!(
+        join_all(
+            batch
+                .iter()
+                .map(|(envelope, handler)| inbox.process(envelope, &consumer, handler)),
+        ),
+        async { gate.notify_one() }
+    );
 
     assert!(
         !saw.load(Ordering::SeqCst),
