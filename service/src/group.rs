@@ -69,10 +69,11 @@ pub const MAX_BATCH: usize = 32;
 
 /// How a unit that joined a batch ended.
 pub enum Joined<T> {
-    /// Its batch committed (or its own failure stands whatever the batch
-    /// did): this is its result.
+    /// Its batch committed: this is its result (a failure rolled back to
+    /// its savepoint).
     Settled(Result<T, HandlerError>),
-    /// Its work did not commit with the batch: run it alone.
+    /// Its batch did not commit, or may not have, or its failure may be
+    /// the batch's: run it alone.
     Alone,
 }
 
@@ -271,10 +272,15 @@ impl Group {
             // The error may not be this unit's (the savepoint could not be
             // made or rolled back to): it runs again alone.
             _ if !recovered => Joined::Alone,
-            Ok(value) if committed => Joined::Settled(Ok(value)),
-            Ok(_) => Joined::Alone,
             Err(HandlerError::Database(err)) if breaks_batch(&err) => Joined::Alone,
-            Err(err) => Joined::Settled(Err(err)),
+            // An outcome, good or bad, stands only if the batch committed:
+            // the unit saw what the units before it wrote, uncommitted (a
+            // copy of its own marker, a row its handler checked), and a
+            // batch that did not commit took that with it. A copy reported
+            // `Duplicate` of a twin that then failed alone would settle its
+            // message with nothing applied.
+            result if committed => Joined::Settled(result),
+            _ => Joined::Alone,
         }
     }
 }

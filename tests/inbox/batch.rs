@@ -286,6 +286,63 @@ async fn a_batch_whose_commit_reply_is_lost_applies_nothing_twice() {
     a_batch_whose_commit_is_cut_applies_each_message_once(Cut::After).await;
 }
 
+/// Records the entry on its first call (once its gate opens) and fails on
+/// every later one.
+struct FirstCallOnly {
+    calls: std::sync::atomic::AtomicUsize,
+    gate: Arc<tokio::sync::Notify>,
+}
+
+impl Handle<()> for FirstCallOnly {
+    fn handle<'a>(&'a self, ctx: &'a Ctx<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+                return Err(HandlerError::Failed("fails when run again".into()));
+            }
+            self.gate.notified().await;
+            let req =
+                EntryRequest::parse(&ctx.envelope().payload).map_err(HandlerError::Rejected)?;
+            record(ctx, &req).await.map(drop)
+        })
+    }
+}
+
+/// Two copies of one message in one batch: the second meets the first
+/// one's marker, written in the same transaction and not committed. The
+/// batch's `COMMIT` never reaches the server, and the first copy fails when
+/// run again alone. The second copy was no duplicate of anything committed:
+/// acked as one, it would have settled the message (a redelivery of the
+/// same stream sequence) with nothing applied. It must run again alone too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_that_met_its_twin_in_a_batch_that_did_not_commit_is_no_duplicate() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let db = connect(&proxy.url_for(&t.url, upstream), 4).await;
+    let inbox = Inbox::new(Executor::new(db))
+        .with_group(Group::new(8, 1).with_patience(Duration::from_secs(60)));
+    let consumer = ledger_consumer();
+    let envelope = entry_envelope("twin", "twin", 1, None);
+    let handler = FirstCallOnly {
+        calls: Default::default(),
+        gate: Arc::new(tokio::sync::Notify::new()),
+    };
+    proxy.refuse_next_commit();
+    // The first copy's handler holds the batch open until both are polled.
+    let (results, ()) = futures::join!(
+        join_all([&envelope, &envelope].map(|e| inbox.process(e, &consumer, &handler))),
+        async { handler.gate.notify_one() }
+    );
+    assert_eq!(proxy.commits_dropped(), 1, "the batch's COMMIT was cut");
+    assert_eq!(t.count(entity::prelude::InboxMessage).await, 0);
+    for result in &results {
+        assert!(
+            result.is_err(),
+            "reported {result:?} with nothing committed"
+        );
+    }
+}
+
 /// Units of a lane run one after another; four handlers (of four accounts:
 /// one account's row lock would make them take turns anyway) that can only
 /// finish together (each waits for the others) therefore finish only
