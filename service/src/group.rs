@@ -128,6 +128,9 @@ struct Batch {
     processed: u64,
     /// Something happened that this batch must not commit after.
     broken: bool,
+    /// Set by a member that ran and was then cancelled while it waited for
+    /// the batch to end (see [`Abandon`]).
+    abandoned: Arc<AtomicBool>,
     end: watch::Sender<Option<bool>>,
 }
 
@@ -226,6 +229,7 @@ impl Group {
                         markers: self.markers,
                         processed: 0,
                         broken: false,
+                        abandoned: Arc::default(),
                         end: watch::channel(None).0,
                     });
                 }
@@ -240,6 +244,7 @@ impl Group {
         let batch = open.as_mut().expect("opened above");
         batch.units += 1;
         let mut end = batch.end.subscribe();
+        let mut abandon = Abandon(Some(batch.abandoned.clone()));
         let (result, recovered) = in_savepoint(&batch.txn, unit, batch.units).await;
         std::mem::forget(taint);
         match &result {
@@ -268,6 +273,7 @@ impl Group {
                 break false;
             }
         };
+        abandon.0 = None;
         match result {
             // The error may not be this unit's (the savepoint could not be
             // made or rolled back to): it runs again alone.
@@ -290,7 +296,10 @@ impl Batch {
     /// members which.
     async fn close(self, lane: &Lane, executor: &Executor) {
         let units = self.units;
-        let committed = if self.broken || lane.tainted.swap(false, Ordering::SeqCst) {
+        let committed = if self.broken
+            || self.abandoned.load(Ordering::SeqCst)
+            || lane.tainted.swap(false, Ordering::SeqCst)
+        {
             rollback(self.txn).await;
             false
         } else {
@@ -390,6 +399,22 @@ struct Taint<'a>(&'a AtomicBool);
 impl Drop for Taint<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Marks its batch as not to commit when dropped before it is disarmed: a
+/// member cancelled (a handling deadline) while it waits for its batch to
+/// end reports a failure, so the work it did in the batch must not commit
+/// behind its back (the others then run again alone). A batch whose commit
+/// is already under way is past stopping; the marker settles the
+/// redelivery of a member cancelled then.
+struct Abandon(Option<Arc<AtomicBool>>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(abandoned) = &self.0 {
+            abandoned.store(true, Ordering::SeqCst);
+        }
     }
 }
 

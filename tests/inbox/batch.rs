@@ -31,9 +31,9 @@ enum Role {
     Witness { first: String, saw: Arc<AtomicBool> },
     /// Waits until the barrier's other handlers are running too.
     Together(Arc<tokio::sync::Barrier>),
-    /// Waits for the gate to open (its permit may come first), then does
-    /// nothing more: the messages behind it have arrived by then.
-    Gated(Arc<tokio::sync::Notify>),
+    /// Waits for the gate to open (it may open first, and stays open),
+    /// then does nothing more: the messages behind it have arrived by then.
+    Gated(Arc<tokio::sync::Semaphore>),
 }
 
 struct Scripted {
@@ -65,7 +65,7 @@ impl Handle<()> for Scripted {
                     Ok(())
                 }
                 Role::Gated(gate) => {
-                    gate.notified().await;
+                    drop(gate.acquire().await);
                     Ok(())
                 }
             }
@@ -100,7 +100,7 @@ async fn a_batch_commits_exactly_its_good_messages(backend: Backend) {
 
     let outside = connect(&t.url, 1).await;
     let saw = Arc::new(AtomicBool::new(true));
-    let gate = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let scripted = |role| Scripted {
         role,
         outside: outside.clone(),
@@ -138,7 +138,7 @@ async fn a_batch_commits_exactly_its_good_messages(backend: Backend) {
                 .iter()
                 .map(|(envelope, handler)| inbox.process(envelope, &consumer, handler)),
         ),
-        async { gate.notify_one() }
+        async { gate.add_permits(1) }
     );
 
     assert!(
@@ -341,6 +341,44 @@ async fn a_copy_that_met_its_twin_in_a_batch_that_did_not_commit_is_no_duplicate
             "reported {result:?} with nothing committed"
         );
     }
+}
+
+/// A delivery whose unit ran in a batch, then whose handling deadline
+/// passed while a slower batch-mate held the batch open: its caller
+/// reports it failed (the consumer naks it, or dead-letters it on its last
+/// delivery), so its work must not commit behind its back. The batch rolls
+/// back and the batch-mate runs again alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_past_its_deadline_while_its_batch_waits_does_not_commit() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let consumer = ledger_consumer();
+    let inbox = Inbox::new(Executor::new(t.db.clone()))
+        .with_group(Group::new(8, 1).with_patience(Duration::from_secs(60)));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let scripted = |role| Scripted {
+        role,
+        outside: t.db.clone(),
+    };
+    let (quick, slow) = (scripted(Role::Good), scripted(Role::Gated(gate.clone())));
+    let first = entry_envelope("past-deadline", "late", 1, None);
+    let second = entry_envelope("slow-mate", "mate", 2, None);
+    let (deadline, outcome) = futures::join!(
+        async {
+            let outcome = tokio::time::timeout(
+                Duration::from_millis(500),
+                inbox.process(&first, &consumer, &quick),
+            )
+            .await;
+            gate.add_permits(1);
+            outcome
+        },
+        inbox.process(&second, &consumer, &slow)
+    );
+    assert!(deadline.is_err(), "the first delivery's deadline passed");
+    assert_eq!(outcome.unwrap(), Outcome::Processed(()));
+    assert_eq!(balance(&t.db, "late").await, None, "its work committed");
+    assert_eq!(balance(&t.db, "mate").await, Some(2));
+    assert_eq!(t.count(entity::prelude::InboxMessage).await, 1);
 }
 
 /// Units of a lane run one after another; four handlers (of four accounts:
