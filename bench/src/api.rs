@@ -296,6 +296,7 @@ pub async fn run(pg: &mut PgServer, recent: u64, history: u64, requests: usize) 
         service::stats::stats(&db, chrono::Utc::now(), None).await?;
         readings.push(started.elapsed().as_secs_f64() * 1e3);
     }
+    readings.sort_by(f64::total_cmp);
     eprintln!("  stats reading: p95 {:.1} ms", quantile(&readings, 0.95));
     report.row(
         "stats reading (the queries behind /api/v1/stats and /metrics, once per 5 s)",

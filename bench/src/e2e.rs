@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use async_nats::jetstream::{self, message::PublishMessage};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use migration::MigratorTrait;
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::task::JoinHandle;
@@ -142,7 +143,27 @@ async fn measure(
     Ok(rate)
 }
 
-/// A report with this scenario's columns and setup.
+/// Mean deliveries per inbox commit and rows per relay round since the last
+/// call (`seawall_inbox_batch_size`, `seawall_relay_batch_size`): what
+/// group commit and the relay's rounds achieved on this path. The inbox's
+/// is `None` without group commit.
+fn batch_means(snapshotter: &Snapshotter) -> (Option<f64>, Option<f64>) {
+    let (mut inbox, mut relay) = (None, None);
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let DebugValue::Histogram(values) = value else {
+            continue;
+        };
+        let mean = (!values.is_empty())
+            .then(|| values.iter().map(|v| v.0).sum::<f64>() / values.len() as f64);
+        match key.key().name() {
+            "seawall_inbox_batch_size" => inbox = mean,
+            "seawall_relay_batch_size" => relay = mean,
+            _ => {}
+        }
+    }
+    (inbox, relay)
+}
+
 /// Drops the WAL relay's slot once the stopped relay has let it go.
 async fn drop_slot(db: &DatabaseConnection, url: &str) -> Result<()> {
     let slot = worker::relay::wal::default_slot_name(url);
@@ -160,6 +181,7 @@ async fn drop_slot(db: &DatabaseConnection, url: &str) -> Result<()> {
     anyhow::bail!("the WAL relay did not let its slot go")
 }
 
+/// A report with this scenario's columns and setup.
 fn report(messages: u64) -> Report {
     let mut report = Report::new(
         "e2e",
@@ -175,6 +197,8 @@ fn report(messages: u64) -> Report {
                 ],
                 0,
             ),
+            Column::figure("deliveries per inbox commit", "inbox_batch_mean", 1),
+            Column::figure("rows per relay round", "relay_batch_mean", 1),
         ],
     );
     report.setup("messages", format!("{messages} ledger.record published pipelined; timed until the subscriber saw every ledger.recorded"));
@@ -196,6 +220,11 @@ fn report(messages: u64) -> Report {
 /// Runs the scenario on SQLite and PostgreSQL.
 pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Report> {
     let mut report = report(messages);
+    let recorder = DebuggingRecorder::new();
+    let batches = recorder.snapshotter();
+    recorder
+        .install()
+        .context("installing the recorder the batch sizes are read from")?;
     let client = seawall::nats::connect(nats_url).await?;
     report.version("nats-server", client.server_info().version.clone());
     let js = jetstream::new(client.clone());
@@ -224,7 +253,13 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
             None,
             Some(1),
         ),
-        ("PostgreSQL", pg_db, None, None),
+        ("PostgreSQL", pg_db.clone(), None, None),
+        (
+            "PostgreSQL, batches of up to 16 (INBOX_BATCH = 16)",
+            pg_db,
+            None,
+            Some(16),
+        ),
         (
             "PostgreSQL, WAL outbox (outbox_mode = wal)",
             wal_db,
@@ -243,13 +278,19 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
         if db.get_database_backend() == sea_orm::DbBackend::Postgres {
             db.execute_unprepared("ANALYZE").await?;
         }
+        batch_means(&batches);
         let before = CpuSample::now();
         let rate = measure(db.clone(), nats_url, &js, &client, messages, &run, setup).await?;
         if let Some(url) = wal {
             drop_slot(&db, url).await?;
         }
         let cpu = CpuSample::now().since(&before).per_thousand(messages);
-        eprintln!("  {label}: {rate:.0} messages/s");
+        let (inbox_batch, relay_batch) = batch_means(&batches);
+        eprintln!(
+            "  {label}: {rate:.0} messages/s, {:.1} deliveries per inbox commit, {:.1} rows per relay round",
+            inbox_batch.unwrap_or(1.0),
+            relay_batch.unwrap_or(f64::NAN)
+        );
         report.row(
             label,
             Figures::new()
@@ -257,7 +298,9 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
                 .with("cpu_ms_per_1k_total", cpu.total())
                 .with("cpu_ms_per_1k_seawall", cpu.this)
                 .with("cpu_ms_per_1k_postgres", cpu.postgres)
-                .with("cpu_ms_per_1k_nats", cpu.nats),
+                .with("cpu_ms_per_1k_nats", cpu.nats)
+                .with("inbox_batch_mean", inbox_batch.unwrap_or(1.0))
+                .with("relay_batch_mean", relay_batch.unwrap_or(f64::NAN)),
         );
     }
     Ok(report)
