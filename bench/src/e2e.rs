@@ -31,6 +31,14 @@ use crate::report::{Column, Figures, Report};
 /// Messages sent through before measuring (then `ANALYZE` on PostgreSQL).
 const WARM_UP: u64 = 2_000;
 
+/// The `commit_delay` (microseconds) of the slow-flush rows: each WAL flush
+/// waits this long while holding the WAL write lock, as a commit waits for
+/// network block storage, and commits that arrive meanwhile share the next
+/// flush, as they would there. A local disk whose cache absorbs flushes
+/// (about 0.05 ms here) hides what group commit saves where a flush costs
+/// milliseconds.
+const SLOW_FLUSH_US: u32 = 2_000;
+
 /// How a row's process runs.
 #[derive(Clone, Copy)]
 struct Setup<'a> {
@@ -204,7 +212,7 @@ fn report(messages: u64) -> Report {
     report.setup("messages", format!("{messages} ledger.record published pipelined; timed until the subscriber saw every ledger.recorded"));
     report.setup(
         "process",
-        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`; INBOX_BATCH at its default (4 on PostgreSQL, 16 on SQLite) unless the row says otherwise",
+        "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`; INBOX_BATCH at its default (16 on PostgreSQL and SQLite) unless the row says otherwise",
     );
     report.setup(
         "warm-up",
@@ -239,6 +247,25 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
     let (pg_db, _) = pg.fresh("e2e").await?;
     let (wal_db, wal_url) = pg.fresh("e2ewal").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
+    // `commit_siblings = 0`: every flush waits, not only those with five
+    // other transactions open.
+    let (_, slow_url) = pg.fresh("e2eslow").await?;
+    let slow_db = service::db::connect(
+        &format!(
+            "{slow_url}?options%5Bcommit_delay%5D={SLOW_FLUSH_US}&options%5Bcommit_siblings%5D=0"
+        ),
+        32,
+    )
+    .await
+    .context("connecting with commit_delay set (the slow-flush rows need a superuser)")?;
+    let slow_wait = pg::flush_wait_ms(&slow_db).await?;
+    report.setup(
+        "slow flush",
+        format!(
+            "rows so named run on a database whose sessions set commit_delay = {SLOW_FLUSH_US} us and commit_siblings = 0, as on storage where a flush takes {} ms: a commit's WAL flush {slow_wait:.3} ms, measured as on the versions line; commits that arrive during a flush share the next one",
+            f64::from(SLOW_FLUSH_US) / 1_000.0
+        ),
+    );
     for (label, db, wal, batch) in [
         (
             "SQLite, one commit per message (INBOX_BATCH = 1)",
@@ -255,16 +282,41 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
         ),
         ("PostgreSQL", pg_db.clone(), None, None),
         (
-            "PostgreSQL, batches of up to 16 (INBOX_BATCH = 16)",
+            "PostgreSQL, batches of up to 4 (INBOX_BATCH = 4)",
+            pg_db.clone(),
+            None,
+            Some(4),
+        ),
+        (
+            "PostgreSQL, batches of up to 8 (INBOX_BATCH = 8)",
             pg_db,
             None,
-            Some(16),
+            Some(8),
         ),
         (
             "PostgreSQL, WAL outbox (outbox_mode = wal)",
             wal_db,
             Some(wal_url.as_str()),
             None,
+        ),
+        (
+            "PostgreSQL, slow flush, one commit per message (INBOX_BATCH = 1)",
+            slow_db.clone(),
+            None,
+            Some(1),
+        ),
+        ("PostgreSQL, slow flush", slow_db.clone(), None, None),
+        (
+            "PostgreSQL, slow flush, batches of up to 4 (INBOX_BATCH = 4)",
+            slow_db.clone(),
+            None,
+            Some(4),
+        ),
+        (
+            "PostgreSQL, slow flush, batches of up to 8 (INBOX_BATCH = 8)",
+            slow_db,
+            None,
+            Some(8),
         ),
     ] {
         let warm = WARM_UP.min(messages);

@@ -192,14 +192,22 @@ impl Default for Settings {
 
 const DAY_MS: u64 = 24 * 3600 * 1000;
 
-/// Deliveries committed together by default (`INBOX_BATCH`) on PostgreSQL
-/// and MySQL: at the default 16 handler slots, four lanes of four ran
-/// fastest (`seawall-bench inbox` on a durable PostgreSQL: 1,414 msg/s
-/// against 1,312 with batches of 8, 882 with 16 and 1,074 unbatched).
-const DEFAULT_INBOX_BATCH: usize = 4;
+/// Deliveries committed together by default (`INBOX_BATCH`) on PostgreSQL.
+/// End to end on a durable server (`seawall-bench e2e`) batches of 16 ran
+/// fastest: 3,173 msg/s against 2,858 with 8, 2,857 with 4 and 2,054 one
+/// commit per message; where a commit's flush takes 3.5 ms (the slow-flush
+/// rows), 2,458 against 1,733, 876 and 364: the dearer the flush, the more
+/// a large batch saves.
+const DEFAULT_PG_INBOX_BATCH: usize = 16;
+
+/// The same on MySQL, where large batches lose to small ones at 16 handler
+/// slots (`seawall-bench inbox` on MariaDB flushing its log at every commit:
+/// 3,601 msg/s in batches of 4, 3,312 of 8, 2,243 of 16, 3,329 unbatched).
+const DEFAULT_MYSQL_INBOX_BATCH: usize = 4;
 
 /// The same on SQLite, which has one writer: one lane of large batches
-/// (1,309 msg/s against 854 with batches of 8, 561 with 4 and 685 unbatched).
+/// (`seawall-bench inbox`, synchronous = FULL: 2,429 msg/s in batches of
+/// 16 against 1,807 of 8, 1,443 of 4 and 1,354 unbatched).
 const DEFAULT_SQLITE_INBOX_BATCH: usize = 16;
 
 /// Pool of `migrate` and `load` when `db_max_connections` is unset.
@@ -362,12 +370,11 @@ impl Settings {
     /// Deliveries per inbox batch: `INBOX_BATCH`, or the default measured
     /// for `backend`.
     pub fn inbox_batch(&self, backend: sea_orm::DbBackend) -> usize {
-        self.inbox_batch
-            .unwrap_or(if backend == sea_orm::DbBackend::Sqlite {
-                DEFAULT_SQLITE_INBOX_BATCH
-            } else {
-                DEFAULT_INBOX_BATCH
-            })
+        self.inbox_batch.unwrap_or(match backend {
+            sea_orm::DbBackend::Sqlite => DEFAULT_SQLITE_INBOX_BATCH,
+            sea_orm::DbBackend::MySql => DEFAULT_MYSQL_INBOX_BATCH,
+            _ => DEFAULT_PG_INBOX_BATCH,
+        })
     }
 
     /// Inbox batches that may be open at once: one per handler slot of the

@@ -6,9 +6,9 @@ Loads the page, enters the token, checks that the cards show the numbers the
 API reports; replays dead letter STALE_ID through the API behind the page's
 back (another operator) and clicks its button on the page, which must show
 the refusal (409, naming when it was replayed); then clicks the replay button
-of the given dead letter, waits for the
-page to confirm it, then opens the replayed message's journey and waits until
-it shows the message processed. Exits non-zero with a message on any mismatch.
+of the given dead letter and waits for the page to confirm it, a confirmation
+still shown once the page has refreshed; then opens the replayed message's
+journey and waits until it shows the message processed. Exits non-zero with a message on any mismatch.
 """
 import json
 import os
@@ -72,10 +72,23 @@ with sync_playwright() as p:
     except Exception:
         sys.exit("a second replay was not shown refused; the status says: "
                  + page.inner_text("#status"))
+    # The refusal's own refresh has drawn the list without STALE_ID; from
+    # here on only the next click refreshes the page.
+    page.wait_for_selector(stale, state="detached", timeout=15000)
+    before = page.evaluate("document.body.dataset.loaded")
     button = "#replay-dead-letter-" + dead_letter_id
     page.wait_for_selector(button, timeout=10000)
     page.click(button)
-    page.wait_for_function("document.getElementById('status').textContent.includes('Replay done')", timeout=15000)
+    # The confirmation outlives the refresh the replay starts: an operator
+    # sees it after the page has redrawn, not for a few milliseconds.
+    try:
+        page.wait_for_function(
+            "(before) => document.getElementById('status').textContent.includes('Replay done')"
+            " && document.body.dataset.loaded !== before",
+            arg=before, timeout=15000)
+    except Exception:
+        sys.exit("the replay was not confirmed after the page refreshed; the status says: "
+                 + page.inner_text("#status"))
     # The replayed message's journey: searched by id, shown as a timeline
     # once its consumer has processed it.
     message_id = api("/dead-letters/" + dead_letter_id)["message_id"]
