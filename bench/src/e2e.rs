@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use std::future::IntoFuture;
 
 use anyhow::{Context, Result};
-use async_nats::jetstream::{self, message::PublishMessage};
+use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -22,11 +22,12 @@ use seawall::{Application, Domain, Roles, Settings};
 use service::{ConsumerName, Registry};
 use testkit::ledger::{
     EntryRequest, LEDGER_CONSUMER, LEDGER_STREAM, LedgerHandler, RECORD_SUBJECT, RECORDED_SUBJECT,
+    Recorded,
 };
 
 use crate::cpu::CpuSample;
 use crate::pg::{self, PgServer};
-use crate::report::{Column, Figures, Report};
+use crate::report::{Column, Figures, Report, quantile};
 
 /// Messages sent through before measuring (then `ANALYZE` on PostgreSQL).
 const WARM_UP: u64 = 2_000;
@@ -92,21 +93,29 @@ async fn start(
     Ok((stop, running))
 }
 
+/// Entry request `i` of `run`, with message id `{run}-{i}`.
+fn request(run: &str, i: u64) -> Result<PublishMessage> {
+    // Accounts spread over 500 ids so handlers do not all contend on one row.
+    let payload = serde_json::to_vec(&EntryRequest {
+        account_id: format!("bench-{}", i % 500),
+        amount: 1,
+        reference: None,
+    })?;
+    Ok(PublishMessage::build()
+        .payload(payload.into())
+        .message_id(format!("{run}-{i}")))
+}
+
 /// Publishes `messages` entry requests with ids `{run}-{i}`, pipelined, and
 /// waits for every PubAck.
 async fn publish(js: &jetstream::Context, messages: u64, run: &str) -> Result<()> {
     let mut acks = FuturesUnordered::new();
     for i in 0..messages {
-        // Accounts spread over 500 ids so handlers do not all contend on one row.
-        let payload = serde_json::to_vec(&EntryRequest {
-            account_id: format!("bench-{}", i % 500),
-            amount: 1,
-            reference: None,
-        })?;
-        let msg = PublishMessage::build()
-            .payload(payload.into())
-            .message_id(format!("{run}-{i}"));
-        acks.push(js.send_publish(RECORD_SUBJECT, msg).await?.into_future());
+        acks.push(
+            js.send_publish(RECORD_SUBJECT, request(run, i)?)
+                .await?
+                .into_future(),
+        );
         // Keep a bounded window of PubAcks in flight: the context caps them,
         // and the relay shares this context.
         while acks.len() >= 1_000 {
@@ -149,6 +158,86 @@ async fn measure(
     stop.cancel();
     running.await??;
     Ok(rate)
+}
+
+/// Requests per second of the paced rows: the load at which group commit
+/// must not make a message wait longer than committing it alone does.
+const PACED_PER_S: u64 = 1_000;
+
+/// Seconds each paced row sends for.
+const PACED_SECONDS: u64 = 10;
+
+/// Sends `messages` requests at [`PACED_PER_S`] a second (ids `{run}-{i}`)
+/// through a fresh LEDGER stream; returns the rate achieved
+/// and each request's delay in milliseconds, sorted, from just before its
+/// publish to the subscriber receiving its `ledger.recorded`: JetStream,
+/// the consumer, the inbox commit, the relay and NATS again.
+async fn paced(
+    db: DatabaseConnection,
+    nats_url: &str,
+    js: &jetstream::Context,
+    client: &async_nats::Client,
+    messages: u64,
+    run: &str,
+    setup: Setup<'_>,
+) -> Result<(f64, Vec<f64>)> {
+    let (stop, running) = start(db, nats_url, js, setup).await?;
+    let mut applied = client.subscribe(RECORDED_SUBJECT).await?;
+    client.flush().await?;
+    let receiver = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while (seen.len() as u64) < messages {
+            let msg = tokio::time::timeout(Duration::from_secs(60), applied.next())
+                .await
+                .context("events stopped arriving")?
+                .context("subscription closed")?;
+            let at = Instant::now();
+            let recorded: Recorded = serde_json::from_slice(&msg.payload)
+                .context("a ledger.recorded event the ledger did not write")?;
+            seen.push((recorded.message_id, at));
+        }
+        anyhow::Ok(seen)
+    });
+    // PubAcks are awaited in order beside the sending, so a slow one never
+    // holds the next request back.
+    let (acks_tx, mut acks_rx) = tokio::sync::mpsc::unbounded_channel::<PublishAckFuture>();
+    let acks = tokio::spawn(async move {
+        while let Some(ack) = acks_rx.recv().await {
+            ack.await?;
+        }
+        anyhow::Ok(())
+    });
+    let mut sent = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / PACED_PER_S as u32);
+    let started = Instant::now();
+    for i in 0..messages {
+        tick.tick().await;
+        let msg = request(run, i)?;
+        sent.push(Instant::now());
+        acks_tx
+            .send(js.send_publish(RECORD_SUBJECT, msg).await?)
+            .context("the PubAck task ended early")?;
+    }
+    drop(acks_tx);
+    let seen = receiver.await??;
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    acks.await??;
+    stop.cancel();
+    running.await??;
+    let prefix = format!("{run}-");
+    let mut delays = seen
+        .iter()
+        .map(|(id, at)| {
+            let sent_at = id
+                .strip_prefix(&prefix)
+                .and_then(|i| i.parse::<usize>().ok())
+                .and_then(|i| sent.get(i))
+                .with_context(|| format!("an event for {id}, which this run did not send"))?;
+            Ok(at.duration_since(*sent_at).as_secs_f64() * 1e3)
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    delays.sort_by(f64::total_cmp);
+    Ok((rate, delays))
 }
 
 /// Mean deliveries per inbox commit and rows per relay round since the last
@@ -207,9 +296,19 @@ fn report(messages: u64) -> Report {
             ),
             Column::figure("deliveries per inbox commit", "inbox_batch_mean", 1),
             Column::figure("rows per relay round", "relay_batch_mean", 1),
+            Column::figure("delay p50 ms", "delay_p50_ms", 2),
+            Column::figure("delay p99 ms", "delay_p99_ms", 2),
+            Column::figure("delay max ms", "delay_max_ms", 2),
         ],
     );
-    report.setup("messages", format!("{messages} ledger.record published pipelined; timed until the subscriber saw every ledger.recorded"));
+    report.setup("messages", format!("{messages} ledger.record published pipelined (a backlog); timed until the subscriber saw every ledger.recorded"));
+    report.setup(
+        "1,000/s",
+        format!(
+            "rows so named publish one ledger.record every {} us for {PACED_SECONDS} s instead; delay: from just before a request's publish to the subscriber receiving its ledger.recorded",
+            1_000_000 / PACED_PER_S
+        ),
+    );
     report.setup(
         "process",
         "consumer (32 in flight) + inbox + outbox + relay in one process, like `seawall run`; INBOX_BATCH at its default (16 on PostgreSQL and SQLite) unless the row says otherwise",
@@ -266,14 +365,14 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
             f64::from(SLOW_FLUSH_US) / 1_000.0
         ),
     );
-    for (label, db, wal, batch) in [
+    let backlog = [
         (
             "SQLite, one commit per message (INBOX_BATCH = 1)",
             sqlite.clone(),
             None,
             Some(1),
         ),
-        ("SQLite", sqlite, None, None),
+        ("SQLite", sqlite.clone(), None, None),
         (
             "PostgreSQL, one commit per message (INBOX_BATCH = 1)",
             pg_db.clone(),
@@ -289,7 +388,7 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
         ),
         (
             "PostgreSQL, batches of up to 8 (INBOX_BATCH = 8)",
-            pg_db,
+            pg_db.clone(),
             None,
             Some(8),
         ),
@@ -318,10 +417,35 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
             None,
             Some(8),
         ),
-    ] {
+    ];
+    // The same paths at a steady 1,000 requests a second, far below what
+    // they drain: what group commit costs a message's delay when there is
+    // little to batch.
+    let steady = [
+        (
+            "SQLite, 1,000/s, one commit per message (INBOX_BATCH = 1)",
+            sqlite.clone(),
+            None,
+            Some(1),
+        ),
+        ("SQLite, 1,000/s", sqlite, None, None),
+        (
+            "PostgreSQL, 1,000/s, one commit per message (INBOX_BATCH = 1)",
+            pg_db.clone(),
+            None,
+            Some(1),
+        ),
+        ("PostgreSQL, 1,000/s", pg_db, None, None),
+    ];
+    let rows = backlog
+        .into_iter()
+        .map(|row| (row, false))
+        .chain(steady.into_iter().map(|row| (row, true)));
+    for ((label, db, wal, batch), steady) in rows {
         let warm = WARM_UP.min(messages);
-        let run = format!("e2e-{batch:?}");
-        let warm_run = format!("e2e-warm-{batch:?}");
+        let load = if steady { "steady" } else { "backlog" };
+        let run = format!("e2e-{load}-{batch:?}");
+        let warm_run = format!("e2e-warm-{load}-{batch:?}");
         let setup = Setup {
             wal_url: wal,
             inbox_batch: batch,
@@ -332,20 +456,40 @@ pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Rep
         }
         batch_means(&batches);
         let before = CpuSample::now();
-        let rate = measure(db.clone(), nats_url, &js, &client, messages, &run, setup).await?;
+        let (rate, delays, sent) = if steady {
+            let sent = (PACED_PER_S * PACED_SECONDS).min(messages);
+            let (rate, delays) =
+                paced(db.clone(), nats_url, &js, &client, sent, &run, setup).await?;
+            (rate, delays, sent)
+        } else {
+            let rate = measure(db.clone(), nats_url, &js, &client, messages, &run, setup).await?;
+            (rate, Vec::new(), messages)
+        };
         if let Some(url) = wal {
             drop_slot(&db, url).await?;
         }
-        let cpu = CpuSample::now().since(&before).per_thousand(messages);
+        let cpu = CpuSample::now().since(&before).per_thousand(sent);
         let (inbox_batch, relay_batch) = batch_means(&batches);
+        let delay = if delays.is_empty() {
+            String::new()
+        } else {
+            format!(", delay p99 {:.2} ms", quantile(&delays, 0.99))
+        };
         eprintln!(
-            "  {label}: {rate:.0} messages/s, {:.1} deliveries per inbox commit, {:.1} rows per relay round",
+            "  {label}: {rate:.0} messages/s, {:.1} deliveries per inbox commit, {:.1} rows per relay round{delay}",
             inbox_batch.unwrap_or(1.0),
             relay_batch.unwrap_or(f64::NAN)
         );
+        let mut figures = Figures::new();
+        if !delays.is_empty() {
+            figures = figures
+                .with("delay_p50_ms", quantile(&delays, 0.5))
+                .with("delay_p99_ms", quantile(&delays, 0.99))
+                .with("delay_max_ms", quantile(&delays, 1.0));
+        }
         report.row(
             label,
-            Figures::new()
+            figures
                 .with("messages_per_s", rate)
                 .with("cpu_ms_per_1k_total", cpu.total())
                 .with("cpu_ms_per_1k_seawall", cpu.this)
