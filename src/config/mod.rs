@@ -194,9 +194,9 @@ const DAY_MS: u64 = 24 * 3600 * 1000;
 
 /// Deliveries committed together by default (`INBOX_BATCH`) on PostgreSQL.
 /// End to end on a durable server (`seawall-bench e2e`) batches of 16 ran
-/// fastest: 3,173 msg/s against 2,858 with 8, 2,857 with 4 and 2,054 one
-/// commit per message; where a commit's flush takes 3.5 ms (the slow-flush
-/// rows), 2,458 against 1,733, 876 and 364: the dearer the flush, the more
+/// fastest: 3,042 msg/s against 2,625 with 8, 2,609 with 4 and 2,337 one
+/// commit per message; where a commit's flush takes 3.3 ms (the slow-flush
+/// rows), 2,417 against 2,179, 895 and 384: the dearer the flush, the more
 /// a large batch saves.
 const DEFAULT_PG_INBOX_BATCH: usize = 16;
 
