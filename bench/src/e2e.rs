@@ -130,6 +130,33 @@ async fn publish(js: &jetstream::Context, messages: u64, run: &str) -> Result<()
     Ok(())
 }
 
+/// Starts the process ([`start`]) and subscribes to `ledger.recorded`
+/// before anything is sent, so no event can pass unseen.
+async fn launch(
+    db: DatabaseConnection,
+    nats_url: &str,
+    js: &jetstream::Context,
+    client: &async_nats::Client,
+    setup: Setup<'_>,
+) -> Result<(
+    CancellationToken,
+    JoinHandle<Result<()>>,
+    async_nats::Subscriber,
+)> {
+    let (stop, running) = start(db, nats_url, js, setup).await?;
+    let applied = client.subscribe(RECORDED_SUBJECT).await?;
+    client.flush().await?;
+    Ok((stop, running, applied))
+}
+
+/// The next `ledger.recorded` event; an error once none came for a minute.
+async fn next_event(applied: &mut async_nats::Subscriber) -> Result<async_nats::Message> {
+    tokio::time::timeout(Duration::from_secs(60), applied.next())
+        .await
+        .context("events stopped arriving")?
+        .context("subscription closed")
+}
+
 /// Sends `messages` requests with ids `{run}-{i}` through a fresh LEDGER
 /// stream; returns messages per second.
 async fn measure(
@@ -141,18 +168,11 @@ async fn measure(
     run: &str,
     setup: Setup<'_>,
 ) -> Result<f64> {
-    let (stop, running) = start(db, nats_url, js, setup).await?;
-    let mut applied = client.subscribe(RECORDED_SUBJECT).await?;
-    client.flush().await?;
+    let (stop, running, mut applied) = launch(db, nats_url, js, client, setup).await?;
     let started = Instant::now();
     publish(js, messages, run).await?;
-    let mut received = 0;
-    while received < messages {
-        tokio::time::timeout(Duration::from_secs(60), applied.next())
-            .await
-            .context("events stopped arriving")?
-            .context("subscription closed")?;
-        received += 1;
+    for _ in 0..messages {
+        next_event(&mut applied).await?;
     }
     let rate = messages as f64 / started.elapsed().as_secs_f64();
     stop.cancel();
@@ -181,16 +201,11 @@ async fn paced(
     run: &str,
     setup: Setup<'_>,
 ) -> Result<(f64, Vec<f64>)> {
-    let (stop, running) = start(db, nats_url, js, setup).await?;
-    let mut applied = client.subscribe(RECORDED_SUBJECT).await?;
-    client.flush().await?;
+    let (stop, running, mut applied) = launch(db, nats_url, js, client, setup).await?;
     let receiver = tokio::spawn(async move {
         let mut seen = Vec::new();
         while (seen.len() as u64) < messages {
-            let msg = tokio::time::timeout(Duration::from_secs(60), applied.next())
-                .await
-                .context("events stopped arriving")?
-                .context("subscription closed")?;
+            let msg = next_event(&mut applied).await?;
             let at = Instant::now();
             let recorded: Recorded = serde_json::from_slice(&msg.payload)
                 .context("a ledger.recorded event the ledger did not write")?;
