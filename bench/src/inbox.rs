@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use futures::future::BoxFuture;
-use migration::MigratorTrait;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, Statement,
+    ConnectionTrait, DatabaseConnection, EntityTrait,
 };
 
 use service::executor::unit;
@@ -24,6 +23,8 @@ use testkit::ledger::{EntryRequest, LEDGER_CONSUMER, LedgerHandler, RECORD_SUBJE
 use crate::cpu::{CpuSample, PerThousand};
 use crate::pg::{self, PgServer};
 use crate::report::{Column, Figures, Report};
+
+mod servers;
 
 const ACCOUNTS: u64 = 1_000;
 /// Messages per mode processed before measuring.
@@ -548,80 +549,21 @@ pub async fn run(pg: &mut PgServer, messages: u64, mysql: Option<&str>) -> Resul
     report.version("PostgreSQL", pg::version(&pg_db).await?);
     on_backend(&mut report, "PostgreSQL", &pg_db, messages).await?;
     if let Some(base) = mysql {
-        on_mysql(&mut report, base, messages).await?;
+        let mariadb = servers::Scratch::create(base).await?;
+        report.version("MariaDB", servers::mysql_version(&mariadb.db).await?);
+        let measured = on_backend(&mut report, "MariaDB", &mariadb.db, messages).await;
+        mariadb.drop_database().await?;
+        measured?;
     }
     for (label, synchronous) in [
         ("SQLite", service::db::SqliteSync::Full),
         ("SQLite synchronous=NORMAL", service::db::SqliteSync::Normal),
     ] {
-        let file = dir.path().join(format!("bench-{synchronous:?}.db"));
-        let sqlite = service::db::connect_with(
-            &format!("sqlite://{}?mode=rwc", file.display()),
-            16,
-            service::db::SqliteOptions {
-                synchronous,
-                ..service::db::SqliteOptions::default()
-            },
-        )
-        .await?;
-        migration::Migrator::up(&sqlite, None).await?;
-        testkit::ledger::create_tables(&sqlite).await?;
+        let sqlite = servers::sqlite(dir.path(), synchronous).await?;
         if !report.has_version("SQLite") {
-            report.version("SQLite", sqlite_version(&sqlite).await?);
+            report.version("SQLite", servers::sqlite_version(&sqlite).await?);
         }
         on_backend(&mut report, label, &sqlite, messages).await?;
     }
     Ok(report)
-}
-
-/// The scenario on the MariaDB or MySQL server at `base` (no database
-/// name), in a database of its own that is dropped afterwards.
-async fn on_mysql(report: &mut Report, base: &str, messages: u64) -> Result<()> {
-    let name = format!("bench_inbox_{}", uuid::Uuid::now_v7().simple());
-    let admin = service::db::connect(base, 1).await?;
-    admin
-        .execute_unprepared(&format!("CREATE DATABASE {name}"))
-        .await
-        .with_context(|| format!("creating the database {name}"))?;
-    let measured = async {
-        let db = service::db::connect(&format!("{base}/{name}"), 32).await?;
-        migration::Migrator::up(&db, None).await?;
-        testkit::ledger::create_tables(&db).await?;
-        report.version("MariaDB", mysql_version(&db).await?);
-        on_backend(report, "MariaDB", &db, messages).await?;
-        db.close().await?;
-        anyhow::Ok(())
-    }
-    .await;
-    admin
-        .execute_unprepared(&format!("DROP DATABASE {name}"))
-        .await?;
-    measured
-}
-
-/// The server's version and how it makes a commit durable: figures taken
-/// without a log flush per commit say nothing about production.
-async fn mysql_version(db: &DatabaseConnection) -> Result<String> {
-    let row = db
-        .query_one_raw(Statement::from_string(
-            DbBackend::MySql,
-            "SELECT CONCAT(VERSION(), ' (innodb_flush_log_at_trx_commit ', \
-             @@innodb_flush_log_at_trx_commit, ', innodb_doublewrite ', \
-             @@innodb_doublewrite, ')') AS v",
-        ))
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no version"))?;
-    Ok(row.try_get::<String>("", "v")?)
-}
-
-/// The SQLite library's version, for the report's versions line.
-async fn sqlite_version(db: &DatabaseConnection) -> Result<String> {
-    let row = db
-        .query_one_raw(Statement::from_string(
-            DbBackend::Sqlite,
-            "SELECT sqlite_version() AS v",
-        ))
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no version"))?;
-    Ok(row.try_get::<String>("", "v")?)
 }
