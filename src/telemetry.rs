@@ -21,10 +21,10 @@ use tracing::{Event, Subscriber};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Layered, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 /// Keeps the tracer provider alive; dropping it flushes the spans not yet
 /// exported (hold it until the process ends).
@@ -246,23 +246,45 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
             .with_filter(log_filter)
             .boxed()
     };
-    // Spans of seawall's own crates at info and above make the trace, what
-    // ever the log level: when traces are exported, or JSON logs want their
-    // ids. Otherwise no span is traced (a span per message and per row
-    // costs the relay a third of its throughput) and the trace context of
-    // each message passes through unchanged (see `service::trace`).
-    let traces = (exporting || json).then(|| {
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_filter(EnvFilter::new(
-                "warn,seawall=info,service=info,worker=info,api=info",
-            ))
-    });
-    let _ = tracing_subscriber::registry()
-        .with(logs)
-        .with(traces)
-        .try_init();
+    let traces = (exporting || json).then(|| traces(tracer));
+    let _ = subscriber(logs, traces).try_init();
     Ok(Telemetry { provider })
+}
+
+/// Which spans make the trace, whatever the log level: those of seawall's
+/// own crates at info and above.
+const TRACE_FILTER: &str = "warn,seawall=info,service=info,worker=info,api=info";
+
+/// The layer that turns spans into OpenTelemetry spans, wanted when traces
+/// are exported or JSON logs want their ids. Otherwise no span is traced (a
+/// span per message and per row costs the relay a third of its throughput)
+/// and the trace context of each message passes through unchanged (see
+/// `service::trace`).
+fn traces<S>(tracer: opentelemetry_sdk::trace::Tracer) -> impl Layer<S> + Send + Sync
+where
+    S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(EnvFilter::new(TRACE_FILTER))
+}
+
+/// The process's subscriber: `logs`, and `traces` when anything is traced.
+///
+/// Without traces the layer is left out rather than added as `None`: an
+/// absent `Option` layer tells `tracing` it wants every callsite, so every
+/// info span (one per message in the inbox, one per event in the relay)
+/// would be created, entered and closed while nothing reads it.
+fn subscriber<L, T>(logs: L, traces: Option<T>) -> tracing::Dispatch
+where
+    L: Layer<Registry> + Send + Sync + 'static,
+    T: Layer<Layered<L, Registry>> + Send + Sync + 'static,
+{
+    let logged = tracing_subscriber::registry().with(logs);
+    match traces {
+        Some(traces) => tracing::Dispatch::new(logged.with(traces)),
+        None => tracing::Dispatch::new(logged),
+    }
 }
 
 /// One JSON object per event: time, level, target, the event's fields, the
@@ -337,5 +359,38 @@ impl Visit for Fields<'_> {
 
     fn record_bool(&mut self, field: &Field, value: bool) {
         self.0.insert(field.name().to_owned(), Value::from(value));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logs<S>() -> impl Layer<S> + Send + Sync
+    where
+        S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+    {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::sink)
+            .with_filter(EnvFilter::new(DEFAULT_LOG_FILTER))
+    }
+
+    #[test]
+    fn spans_are_made_only_when_something_traces_them() {
+        let untraced = subscriber(logs(), None::<tracing_subscriber::layer::Identity>);
+        tracing::dispatcher::with_default(&untraced, || {
+            let span = tracing::info_span!(target: "worker::relay", "outbox.publish");
+            assert!(span.is_disabled(), "nothing traces, yet the span was made");
+        });
+        drop(untraced);
+        let tracer = SdkTracerProvider::builder().build().tracer("test");
+        let traced = subscriber(logs(), Some(traces(tracer)));
+        tracing::dispatcher::with_default(&traced, || {
+            let span = tracing::info_span!(target: "worker::relay", "outbox.publish");
+            assert!(
+                !span.is_disabled(),
+                "traces are wanted, yet the span was not made"
+            );
+        });
     }
 }
