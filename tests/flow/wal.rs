@@ -320,6 +320,43 @@ pub(crate) async fn slot_holder(t: &TestDb) -> Option<i32> {
     .and_then(|r| r.pid)
 }
 
+/// `--drop-slot` refuses a slot a running relay holds, and drops one its
+/// relay lets go while the drop waits: a relay just stopped holds its slot
+/// until its walsender notices, a moment after the process is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drop_refuses_a_held_slot_and_waits_for_one_being_let_go() {
+    let (t, nats, _js) = with_ledger_stream(Backend::Postgres).await;
+    let slot = slot_of(&t);
+    worker::relay::wal::prepare(&t.db, &slot).await.unwrap();
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    wait_until(
+        "the relay holds the slot",
+        Duration::from_secs(30),
+        || async { slot_holder(&t).await.is_some() },
+    )
+    .await;
+    let refused = worker::relay::wal::drop_slot(&t.db, &slot).await;
+    assert!(
+        matches!(refused, Err(worker::relay::wal::SlotError::SlotActive(_))),
+        "a held slot is not dropped: {refused:?}"
+    );
+    let dropping = {
+        let (db, slot) = (t.db.clone(), slot.clone());
+        tokio::spawn(async move { worker::relay::wal::drop_slot(&db, &slot).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !dropping.is_finished(),
+        "the drop waits while the slot is held"
+    );
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    assert!(
+        dropping.await.unwrap().unwrap(),
+        "the slot let go is dropped"
+    );
+    assert_eq!(slot_holder(&t).await, None);
+}
+
 /// Two relays on one slot: the first holds it, the second waits. The first
 /// is killed with SIGKILL while events flow; the second takes over, and
 /// every event is on the stream exactly once (the copies it republished

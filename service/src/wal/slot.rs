@@ -373,16 +373,27 @@ async fn wait_consistent(db: &DatabaseConnection, slot: &str) -> Result<(), Slot
     }
 }
 
+/// How long [`drop_slot`] waits for the slot's holder to let it go.
+pub const LET_GO: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Drops the slot and its publication (`seawall relay --drop-slot`): the
 /// WAL it retained is freed, and events not yet relayed from it are gone.
 /// Returns whether a slot was dropped.
 ///
+/// A slot held when asked is waited for, up to [`LET_GO`]: a relay that
+/// has just stopped holds it until its walsender notices the closed
+/// connection, a moment after the process is gone.
+///
 /// # Errors
-/// [`SlotError::SlotActive`] while a relay streams from it; the database
-/// error otherwise.
+/// [`SlotError::SlotActive`] while a relay still streams from it after
+/// that; the database error otherwise.
 pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, SlotError> {
-    if slot_row(db, slot).await?.is_some_and(|row| row.active) {
-        return Err(SlotError::SlotActive(slot.to_owned()));
+    let deadline = std::time::Instant::now() + LET_GO;
+    while slot_row(db, slot).await?.is_some_and(|row| row.active) {
+        if std::time::Instant::now() >= deadline {
+            return Err(SlotError::SlotActive(slot.to_owned()));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // The position first: a position left without its slot (this process
     // stopped halfway) would read as a lost slot at the next start.
