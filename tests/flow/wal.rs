@@ -320,6 +320,15 @@ pub(crate) async fn slot_holder(t: &TestDb) -> Option<i32> {
     .and_then(|r| r.pid)
 }
 
+/// Waits up to `within` for a relay to hold the test's slot; on a timeout
+/// the failure shows `relay`'s log.
+pub(crate) async fn until_held(relay: &Seawall, t: &TestDb, within: Duration) {
+    crate::wal_windows::until(relay, "a relay to hold the slot", within, || async {
+        slot_holder(t).await.is_some()
+    })
+    .await;
+}
+
 /// `--drop-slot` refuses a slot a running relay holds, and drops one its
 /// relay lets go while the drop waits: a relay just stopped holds its slot
 /// until its walsender notices, a moment after the process is gone.
@@ -329,12 +338,7 @@ async fn a_drop_refuses_a_held_slot_and_waits_for_one_being_let_go() {
     let slot = slot_of(&t);
     worker::relay::wal::prepare(&t.db, &slot).await.unwrap();
     let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
-    wait_until(
-        "the relay holds the slot",
-        Duration::from_secs(30),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
+    until_held(&relay, &t, Duration::from_secs(30)).await;
     let refused = worker::relay::wal::drop_slot(&t.db, &slot).await;
     assert!(
         matches!(refused, Err(worker::relay::wal::SlotError::SlotActive(_))),
@@ -369,12 +373,7 @@ async fn a_standby_takes_over_from_a_killed_relay_and_nothing_is_lost() {
         .unwrap();
     let cfg = wal_env(&t, &nats.url(), &[("SEAWALL_WAL_WINDOW", "50")]);
     let mut first = Seawall::spawn(&["relay"], &cfg);
-    wait_until(
-        "the first relay holds the slot",
-        Duration::from_secs(30),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
+    until_held(&first, &t, Duration::from_secs(30)).await;
     let mut second = Seawall::spawn(&["relay"], &cfg);
     let total = 2_000;
     let writer = {

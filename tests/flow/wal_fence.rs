@@ -10,7 +10,7 @@ use crate::support::nats::NatsServer;
 use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
 use crate::support::{TestDb, pg_count};
-use crate::wal::{slot_holder, slot_of, wal_env};
+use crate::wal::{slot_holder, slot_of, until_held, wal_env};
 use crate::wal_windows::{assert_published_in_order, commit_one_key, stream_messages, until};
 
 /// Long enough for a standby to take over and publish the held window
@@ -38,13 +38,7 @@ async fn a_relay_woken_after_a_standby_took_over_publishes_no_further_round() {
         .unwrap();
     let env = wal_env(&t, &nats.url(), &[("SEAWALL_DUPLICATE_WINDOW_MS", "10000")]);
     let mut holder = Seawall::spawn(&["relay"], &env);
-    until(
-        &holder,
-        "the first relay holds the slot",
-        Duration::from_secs(60),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
+    until_held(&holder, &t, Duration::from_secs(60)).await;
     let first = slot_holder(&t).await;
     let mut standby = Seawall::spawn(&["relay"], &env);
     let ids = commit_one_key(&t.db, 1, 3_000).await;

@@ -14,7 +14,7 @@ use crate::support::domain::RECORDED_SUBJECT;
 use crate::support::postgres::{BIN, PrivatePostgres};
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb, pg_count, wait_until};
-use crate::wal::{commit_events, drop_slot, recorded, slot_holder, slot_of, wal_env};
+use crate::wal::{commit_events, drop_slot, recorded, slot_holder, slot_of, until_held, wal_env};
 
 /// The first WAL-mode process makes the slot while four `pgbench` clients
 /// commit single-row inserts as fast as they can. A change committed after
@@ -48,12 +48,7 @@ async fn the_first_relay_starts_under_busy_writers() {
     let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
     // The slot's creation waits for the writers' transactions running at
     // its start, which takes a few of PostgreSQL's 15 s snapshots.
-    wait_until(
-        "a relay holds the slot",
-        Duration::from_secs(120),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
+    until_held(&relay, &t, Duration::from_secs(120)).await;
     for batch in 0..20 {
         let events = (0..10)
             .map(|i| recorded(&format!("busy-{batch}-{i}"), None))

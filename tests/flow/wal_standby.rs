@@ -13,7 +13,7 @@ use crate::support::nats::NatsServer;
 use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
 use crate::support::{TestDb, connect, pg_count};
-use crate::wal::{commit_events, recorded, slot_holder, slot_of, wal_env};
+use crate::wal::{commit_events, recorded, slot_of, until_held, wal_env};
 use crate::wal_windows::{commit_one_key, stream_messages, until};
 
 /// A process stopped with SIGSTOP, continued on drop whatever the test
@@ -93,13 +93,7 @@ async fn held_until_the_standby_has_it(names: &str, extra: &[(&str, &str)], mess
         .await
         .unwrap();
     let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), extra));
-    until(
-        &relay,
-        "the relay holds the slot",
-        Duration::from_secs(60),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
+    until_held(&relay, &t, Duration::from_secs(60)).await;
     commit_events(&t.db, vec![recorded("before-stop", Some("k"))]).await;
     // Published and recorded: the record, a commit too, must not be what
     // waits for the stopped standby below.
@@ -198,13 +192,7 @@ async fn a_relay_that_cannot_reach_its_database_does_not_hold_its_shutdown() {
         .await
         .unwrap();
     let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
-    until(
-        &relay,
-        "the relay holds the slot",
-        Duration::from_secs(60),
-        || async { slot_holder(&t).await.is_some() },
-    )
-    .await;
+    until_held(&relay, &t, Duration::from_secs(60)).await;
     // The server runs with synchronous_commit = off: the commit returns.
     commit_events(&t.db, vec![recorded("held", Some("k"))]).await;
     until(
