@@ -8,6 +8,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use super::service_links::is_service_link;
 use super::{ConfigError, Settings, invalid};
 
 /// `SEAWALL_*` variables that are not settings, so start-up does not refuse
@@ -94,14 +95,18 @@ fn keys_of<T: Serialize>(value: &T) -> Vec<String> {
 }
 
 /// Refuses a `SEAWALL_*` variable that is neither a setting (the platform's
-/// or the domain's) nor one of [`NOT_SETTINGS`]: a misspelt key would
-/// otherwise be ignored, and its default used in silence.
+/// or the domain's), one of [`NOT_SETTINGS`], nor a Kubernetes service
+/// link (see [`super::service_links`]): a misspelt key would otherwise be
+/// ignored, and its default used in silence.
 fn check_environment(
-    vars: impl IntoIterator<Item = String>,
+    vars: impl IntoIterator<Item = (String, String)>,
     platform: &[String],
     domain: &[String],
 ) -> Result<(), ConfigError> {
-    for var in vars {
+    for (var, value) in vars {
+        if is_service_link(&var, &value) {
+            continue;
+        }
         // The environment provider matches the prefix in any case, so this
         // check does too.
         let upper = var.to_uppercase();
@@ -120,6 +125,34 @@ fn check_environment(
     Ok(())
 }
 
+/// The process's environment as text (a name or value that is not UTF-8
+/// cannot be a setting).
+fn environment() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+}
+
+/// The keys (after `SEAWALL_`) of variables shaped like Kubernetes
+/// service links that also name a setting: a fork whose setting `port`
+/// runs beside its own Service `seawall` gets `SEAWALL_PORT=tcp://..`
+/// from the kubelet. Such a value is the kubelet's, not the operator's, so
+/// it is left out of the settings (with a warning naming the way out)
+/// rather than stopping every pod on a value that cannot parse.
+fn service_links_named_as_settings(platform: &[String], domain: &[String]) -> Vec<String> {
+    environment()
+        .filter(|(var, value)| is_service_link(var, value))
+        .filter_map(|(var, _)| {
+            let key = var.to_uppercase().strip_prefix("SEAWALL_")?.to_lowercase();
+            (platform.contains(&key) || domain.contains(&key)).then_some(key)
+        })
+        .inspect(|key| {
+            tracing::warn!(
+                variable = %format!("SEAWALL_{}", key.to_uppercase()),
+                "a Kubernetes service link shares a setting's name; it is ignored (set enableServiceLinks: false on the pod, or rename the Service, to set this key by the environment)"
+            );
+        })
+        .collect()
+}
+
 /// Loads and validates the platform's settings and the domain's (`D`):
 /// defaults, then the file, then `SEAWALL_*` variables.
 ///
@@ -132,11 +165,7 @@ pub fn load<D: DomainSettings>(file: Option<&Path>) -> Result<Loaded<D>, ConfigE
     if let Some(clash) = domain_keys.iter().find(|k| platform_keys.contains(k)) {
         return Err(ConfigError::DomainKeyClash(clash.clone()));
     }
-    check_environment(
-        std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
-        &platform_keys,
-        &domain_keys,
-    )?;
+    check_environment(environment(), &platform_keys, &domain_keys)?;
     let mut user = Figment::new();
     if let Some(path) = file {
         if !path.exists() {
@@ -144,7 +173,14 @@ pub fn load<D: DomainSettings>(file: Option<&Path>) -> Result<Loaded<D>, ConfigE
         }
         user = user.merge(Toml::file_exact(path));
     }
+    let links = service_links_named_as_settings(&platform_keys, &domain_keys);
     let env = Env::prefixed("SEAWALL_").filter_map(move |key| {
+        if links
+            .iter()
+            .any(|link| key.as_str().eq_ignore_ascii_case(link))
+        {
+            return None;
+        }
         let key = key.as_str().to_lowercase();
         if platform_keys.contains(&key) {
             Some(key.into())
@@ -224,7 +260,11 @@ mod tests {
         let platform = keys_of(&Settings::default());
         let domain = vec!["demo_work_ms".to_owned()];
         let check = |vars: &[&str]| {
-            check_environment(vars.iter().map(|v| (*v).to_owned()), &platform, &domain)
+            check_environment(
+                vars.iter().map(|v| ((*v).to_owned(), "1".to_owned())),
+                &platform,
+                &domain,
+            )
         };
         assert!(check(&["SEAWALL_RELAY_BATCH_SIZE", "SEAWALL_DEMO_WORK_MS", "PATH"]).is_ok());
         assert!(check(&["SEAWALL_TEST_PG_URL", "SEAWALL_HA_DIR", "SEAWALL_CONFIG"]).is_ok());
@@ -237,5 +277,29 @@ mod tests {
         // The prefix is matched in any case, as the environment provider does.
         assert!(check(&["seawall_relay_batchsize"]).is_err());
         assert!(check(&["seawall_relay_batch_size", "SEAWALL_config"]).is_ok());
+    }
+
+    #[test]
+    fn kubernetes_service_links_pass_and_a_lookalike_does_not() {
+        let platform = keys_of(&Settings::default());
+        let check = |vars: &[(&str, &str)]| {
+            check_environment(
+                vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+                &platform,
+                &[],
+            )
+        };
+        assert!(
+            check(&[
+                ("SEAWALL_API_SERVICE_HOST", "10.96.0.7"),
+                ("SEAWALL_API_PORT_8080_TCP", "tcp://10.96.0.7:8080"),
+                ("SEAWALL_PORT", "tcp://10.96.0.8:80"),
+            ])
+            .is_ok()
+        );
+        assert!(matches!(
+            check(&[("SEAWALL_API_SERVICE_HOST", "api.internal")]),
+            Err(ConfigError::UnknownVariable(v)) if v == "SEAWALL_API_SERVICE_HOST"
+        ));
     }
 }
