@@ -4,7 +4,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use migration::{Migrator, MigratorTrait};
 use sea_orm::DatabaseConnection;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -102,9 +101,13 @@ async fn checks_of_database(db: &DatabaseConnection) -> Vec<String> {
         tracing::warn!(error = %err, "readiness: database unreachable");
         problems.push("database unreachable".to_owned());
     } else {
-        match Migrator::get_pending_migrations_read_only(db).await {
-            Ok(pending) if pending.is_empty() => {}
-            Ok(pending) => problems.push(format!("{} migration(s) not applied", pending.len())),
+        // Migrations a newer release applied are expected (a rolling
+        // upgrade, a rollback); only this release's missing ones are not.
+        match migration::status(db).await {
+            Ok(status) if status.pending.is_empty() => {}
+            Ok(status) => {
+                problems.push(format!("{} migration(s) not applied", status.pending.len()))
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "readiness: cannot read migrations");
                 problems.push("migrations not readable".to_owned());

@@ -7,17 +7,21 @@
 //! backend.
 //!
 //! # Layout
-//! - [`apply`]: what start-up calls: pending migrations, one process at a time.
-//! - [`Migrator`]: the ordered list of migrations; `Migrator::up` is idempotent.
+//! - [`apply`]: what start-up and `seawall migrate` call: pending
+//!   migrations, one process at a time; a newer release's migrations are
+//!   tolerated and reported.
+//! - [`status`]: this release's migrations against the database's, read
+//!   only (probes, `seawall migrate --status`, processes waiting for the
+//!   migration job).
+//! - [`Migrator`]: the ordered list of migrations. Shipped ones are never
+//!   edited or renamed (`shipped.txt` holds their names and hashes).
 //! - `columns`: backend-aware column shapes shared by the migrations.
 //! - [`domain`]: the domain's migrations, run after the platform's (a fork
 //!   replaces this folder; see `docs/fork.md`).
 
 pub use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::{
-    DatabaseConnection, DbBackend, SqliteTransactionMode, TransactionOptions, TransactionTrait,
-};
 
+mod apply;
 mod columns;
 pub mod domain;
 mod m20261130_000001_create_inbox_message;
@@ -35,54 +39,14 @@ mod m20261202_000013_unbounded_received_subjects;
 mod m20261202_000014_create_wal_slot_loss;
 mod m20261203_000015_add_wal_relay_progress;
 mod m20261204_000016_binary_text_on_mysql;
+mod status;
 
-/// Applies the pending migrations, one process at a time.
-///
-/// Several instances started together against a fresh database would
-/// otherwise all create the same tables and record the same migrations, and
-/// all but one would fail. On PostgreSQL the whole run happens in one
-/// transaction behind a transaction-scoped advisory lock (DDL is
-/// transactional there, so a failed run also leaves nothing half-done); on
-/// SQLite in one `BEGIN IMMEDIATE` transaction, which holds the database's
-/// write lock. MySQL commits DDL implicitly, so there the migrations run as
-/// they are.
-///
-/// # Errors
-/// The first failing statement's error.
-pub async fn apply(db: &DatabaseConnection) -> Result<(), DbErr> {
-    match db.get_database_backend() {
-        DbBackend::Postgres => {
-            let txn = db.begin().await?;
-            txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
-                .await?;
-            // A migration that waits for a table's lock (a long transaction
-            // holding it) queues every other session's access to that table
-            // behind it: give up after a few seconds instead, as a lock
-            // timeout, which start-up retries (`seawall::app::wait_out_database`).
-            txn.execute_unprepared("SET LOCAL lock_timeout = '5s'")
-                .await?;
-            Migrator::up(&txn, None).await?;
-            txn.commit().await
-        }
-        DbBackend::Sqlite => {
-            let txn = db
-                .begin_with_options(TransactionOptions {
-                    sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                    ..TransactionOptions::default()
-                })
-                .await?;
-            Migrator::up(&txn, None).await?;
-            txn.commit().await
-        }
-        _ => Migrator::up(db, None).await,
-    }
-}
+pub use apply::{MYSQL_MIGRATION_LOCK, apply};
+pub use status::{Status, status};
 
-/// Key of the PostgreSQL advisory lock [`apply`] holds ("seawall" in hex-ish).
-const MIGRATION_LOCK: i64 = 0x5EA_3A11;
-
-/// Applies seawall's migrations, then the domain's, in order. Already applied ones are skipped,
-/// so running it at every start-up is safe.
+/// seawall's migrations, then the domain's, in order. Apply them with
+/// [`apply`], not `Migrator::up`, which refuses a database a newer release
+/// has migrated further.
 pub struct Migrator;
 
 #[async_trait::async_trait]

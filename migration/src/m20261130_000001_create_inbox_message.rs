@@ -1,6 +1,8 @@
 //! The inbox table and the unique index that decides races.
 
-use crate::columns::{CONSUMER_LEN, MESSAGE_ID_LEN, NAME_LEN, bounded, text, utc};
+use crate::columns::{
+    CONSUMER_LEN, MESSAGE_ID_LEN, NAME_LEN, bounded, create_index_if_missing, text, utc,
+};
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::{big_pk_auto, integer};
 
@@ -46,45 +48,47 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_inbox_message_id_consumer")
-                    .table(InboxMessage::Table)
-                    .col(InboxMessage::MessageId)
-                    .col(InboxMessage::Consumer)
-                    .unique()
-                    .if_not_exists()
-                    .to_owned(),
-            )
-            .await?;
+        create_index_if_missing(
+            manager,
+            InboxMessage::Table,
+            Index::create()
+                .name("ix_inbox_message_id_consumer")
+                .col(InboxMessage::MessageId)
+                .col(InboxMessage::Consumer)
+                .unique()
+                .to_owned(),
+        )
+        .await?;
         // Retention pruning and the admin views walk the table by age.
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_inbox_message_processed_at")
-                    .table(InboxMessage::Table)
-                    .col(InboxMessage::ProcessedAt)
-                    .if_not_exists()
-                    .to_owned(),
-            )
-            .await?;
+        create_index_if_missing(
+            manager,
+            InboxMessage::Table,
+            Index::create()
+                .name("ix_inbox_message_processed_at")
+                .col(InboxMessage::ProcessedAt)
+                .to_owned(),
+        )
+        .await?;
         // The claim sweeper looks for open claims whose lease ran out.
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_inbox_message_lease_until")
-                    .table(InboxMessage::Table)
-                    .col(InboxMessage::LeaseUntil)
-                    .if_not_exists()
-                    .to_owned(),
-            )
-            .await
+        create_index_if_missing(
+            manager,
+            InboxMessage::Table,
+            Index::create()
+                .name("ix_inbox_message_lease_until")
+                .col(InboxMessage::LeaseUntil)
+                .to_owned(),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(InboxMessage::Table).to_owned())
+            .drop_table(
+                Table::drop()
+                    .table(InboxMessage::Table)
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 }

@@ -1,6 +1,6 @@
 //! The outbox table and the indexes the relay scans by.
 
-use crate::columns::{NAME_LEN, bounded, bytes, text, utc};
+use crate::columns::{NAME_LEN, bounded, bytes, create_index_if_missing, text, utc};
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::{big_pk_auto, integer, json};
 
@@ -56,37 +56,38 @@ impl MigrationTrait for Migration {
             // The id JetStream dedupes on is unique here too.
             Index::create()
                 .name("ix_outbox_message_message_id")
-                .table(OutboxMessage::Table)
                 .col(OutboxMessage::MessageId)
                 .unique()
-                .if_not_exists()
                 .to_owned(),
             // The relay's scan: unpublished rows in id order.
             Index::create()
                 .name("ix_outbox_message_pending")
-                .table(OutboxMessage::Table)
                 .col(OutboxMessage::PublishedAt)
                 .col(OutboxMessage::Id)
-                .if_not_exists()
                 .to_owned(),
             // Per-key ordering: "is an earlier row of this key unpublished?".
             Index::create()
                 .name("ix_outbox_message_ordering_key")
-                .table(OutboxMessage::Table)
                 .col(OutboxMessage::OrderingKey)
                 .col(OutboxMessage::Id)
-                .if_not_exists()
                 .to_owned(),
         ];
+        // By name only: 000008 makes two of them partial on PostgreSQL and
+        // SQLite, and a second run must leave those as they are.
         for index in indexes {
-            manager.create_index(index).await?;
+            create_index_if_missing(manager, OutboxMessage::Table, index).await?;
         }
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(OutboxMessage::Table).to_owned())
+            .drop_table(
+                Table::drop()
+                    .table(OutboxMessage::Table)
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 }

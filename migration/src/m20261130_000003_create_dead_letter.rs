@@ -1,6 +1,8 @@
 //! The dead-letter table.
 
-use crate::columns::{CONSUMER_LEN, MESSAGE_ID_LEN, NAME_LEN, bounded, bytes, text, utc};
+use crate::columns::{
+    CONSUMER_LEN, MESSAGE_ID_LEN, NAME_LEN, bounded, bytes, create_index_if_missing, text, utc,
+};
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::{big_pk_auto, integer, json};
 
@@ -44,22 +46,26 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_dead_letter_consumer")
-                    .table(DeadLetter::Table)
-                    .col(DeadLetter::Consumer)
-                    .col(DeadLetter::Id)
-                    .if_not_exists()
-                    .to_owned(),
-            )
-            .await
+        create_index_if_missing(
+            manager,
+            DeadLetter::Table,
+            Index::create()
+                .name("ix_dead_letter_consumer")
+                .col(DeadLetter::Consumer)
+                .col(DeadLetter::Id)
+                .to_owned(),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(DeadLetter::Table).to_owned())
+            .drop_table(
+                Table::drop()
+                    .table(DeadLetter::Table)
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 }

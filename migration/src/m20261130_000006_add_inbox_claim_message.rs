@@ -4,7 +4,7 @@
 //! the delivery is gone; the dead letter it writes must still carry the
 //! subject and payload so a person can judge it and replay it.
 
-use crate::columns::{NAME_LEN, bounded};
+use crate::columns::{NAME_LEN, add_column_if_missing, bounded, drop_column_if_present};
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::DbBackend;
 
@@ -27,41 +27,19 @@ impl MigrationTrait for Migration {
             _ => payload.blob(),
         };
         payload.null();
-        // SQLite can add only one column per ALTER TABLE.
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(InboxMessage::Table)
-                    .add_column(bounded(InboxMessage::Subject, NAME_LEN, true))
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(InboxMessage::Table)
-                    .add_column(payload)
-                    .to_owned(),
-            )
-            .await
+        // One statement per column (SQLite alters one at a time), each only
+        // if missing: a run stopped on MySQL between the two keeps the first.
+        add_column_if_missing(
+            manager,
+            InboxMessage::Table,
+            bounded(InboxMessage::Subject, NAME_LEN, true),
+        )
+        .await?;
+        add_column_if_missing(manager, InboxMessage::Table, payload).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(InboxMessage::Table)
-                    .drop_column(InboxMessage::Payload)
-                    .to_owned(),
-            )
-            .await?;
-        manager
-            .alter_table(
-                Table::alter()
-                    .table(InboxMessage::Table)
-                    .drop_column(InboxMessage::Subject)
-                    .to_owned(),
-            )
-            .await
+        drop_column_if_present(manager, InboxMessage::Table, InboxMessage::Payload).await?;
+        drop_column_if_present(manager, InboxMessage::Table, InboxMessage::Subject).await
     }
 }

@@ -50,7 +50,12 @@ impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let backend = manager.get_database_backend();
         let db = manager.get_connection();
-        for (name, table, columns, predicate) in INDEXES {
+        for &(name, table, columns, predicate) in INDEXES {
+            // MySQL 8 has no `CREATE INDEX IF NOT EXISTS` (MariaDB has), and a
+            // run stopped there half-way keeps the indexes it made.
+            if backend == DbBackend::MySql && manager.has_index(table, name).await? {
+                continue;
+            }
             let sql = match (backend, predicate) {
                 (DbBackend::MySql, Some(p)) => {
                     // No partial indexes: lead with the filtered column instead.
@@ -71,7 +76,11 @@ impl MigrationTrait for Migration {
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let backend = manager.get_database_backend();
         let db = manager.get_connection();
-        for (name, table, _, _) in INDEXES {
+        for &(name, table, _, _) in INDEXES {
+            // MySQL 8 has no `DROP INDEX IF EXISTS` either.
+            if backend == DbBackend::MySql && !manager.has_index(table, name).await? {
+                continue;
+            }
             let sql = match backend {
                 DbBackend::MySql => format!("DROP INDEX {name} ON {table}"),
                 _ => format!("DROP INDEX IF EXISTS {name}"),

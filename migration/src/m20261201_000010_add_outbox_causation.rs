@@ -2,7 +2,10 @@
 //! caused an event, and the conversation it belongs to, so an operator can
 //! follow a message's journey from one service to the next.
 
-use crate::columns::{CONSUMER_LEN, MESSAGE_ID_LEN, bounded};
+use crate::columns::{
+    CONSUMER_LEN, MESSAGE_ID_LEN, add_column_if_missing, bounded, create_index_if_missing,
+    drop_column_if_present, drop_index_if_present,
+};
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
@@ -16,8 +19,19 @@ enum OutboxMessage {
     CorrelationId,
 }
 
+/// The indexes, each on one of the new columns.
+const INDEXES: [(&str, OutboxMessage); 2] = [
+    ("ix_outbox_message_causation_id", OutboxMessage::CausationId),
+    (
+        "ix_outbox_message_correlation_id",
+        OutboxMessage::CorrelationId,
+    ),
+];
+
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
+    /// Each column and index only if missing: a run stopped on MySQL, where
+    /// DDL commits as it goes, keeps what it made.
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         // SQLite can add only one column per ALTER TABLE.
         for column in [
@@ -25,63 +39,25 @@ impl MigrationTrait for Migration {
             bounded(OutboxMessage::CausationConsumer, CONSUMER_LEN, true),
             bounded(OutboxMessage::CorrelationId, MESSAGE_ID_LEN, true),
         ] {
-            let mut column = column;
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(OutboxMessage::Table)
-                        .add_column(&mut column)
-                        .to_owned(),
-                )
-                .await?;
+            add_column_if_missing(manager, OutboxMessage::Table, column).await?;
         }
-        for (name, column) in [
-            ("ix_outbox_message_causation_id", OutboxMessage::CausationId),
-            (
-                "ix_outbox_message_correlation_id",
-                OutboxMessage::CorrelationId,
-            ),
-        ] {
-            manager
-                .create_index(
-                    Index::create()
-                        .name(name)
-                        .table(OutboxMessage::Table)
-                        .col(column)
-                        .to_owned(),
-                )
-                .await?;
+        for (name, column) in INDEXES {
+            let index = Index::create().name(name).col(column).to_owned();
+            create_index_if_missing(manager, OutboxMessage::Table, index).await?;
         }
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        for name in [
-            "ix_outbox_message_causation_id",
-            "ix_outbox_message_correlation_id",
-        ] {
-            manager
-                .drop_index(
-                    Index::drop()
-                        .name(name)
-                        .table(OutboxMessage::Table)
-                        .to_owned(),
-                )
-                .await?;
+        for (name, _) in INDEXES {
+            drop_index_if_present(manager, OutboxMessage::Table, name).await?;
         }
         for column in [
             OutboxMessage::CausationId,
             OutboxMessage::CausationConsumer,
             OutboxMessage::CorrelationId,
         ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(OutboxMessage::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
+            drop_column_if_present(manager, OutboxMessage::Table, column).await?;
         }
         Ok(())
     }

@@ -56,7 +56,12 @@ impl MigrationTrait for Migration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(ThroughputMinute::Table).to_owned())
+            .drop_table(
+                Table::drop()
+                    .table(ThroughputMinute::Table)
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 }

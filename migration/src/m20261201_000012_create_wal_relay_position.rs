@@ -45,7 +45,12 @@ impl MigrationTrait for Migration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(WalRelayPosition::Table).to_owned())
+            .drop_table(
+                Table::drop()
+                    .table(WalRelayPosition::Table)
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 }

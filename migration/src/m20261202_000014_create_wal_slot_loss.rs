@@ -59,7 +59,12 @@ impl MigrationTrait for Migration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(WalSlotLoss::Table).to_owned())
+            .drop_table(
+                Table::drop()
+                    .table(WalSlotLoss::Table)
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 }

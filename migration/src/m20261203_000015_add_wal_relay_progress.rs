@@ -14,6 +14,7 @@
 //! slot to a standby; when it wakes, it finds the generation moved on and
 //! stops instead of publishing and recording windows the standby has.
 
+use crate::columns::{add_column_if_missing, drop_column_if_present};
 use sea_orm_migration::prelude::*;
 
 #[derive(DeriveMigrationName)]
@@ -30,7 +31,6 @@ enum WalRelayPosition {
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        // One column per statement: SQLite alters one at a time.
         let counter = |name| {
             ColumnDef::new(name)
                 .big_integer()
@@ -38,21 +38,16 @@ impl MigrationTrait for Migration {
                 .default(0)
                 .to_owned()
         };
-        for mut column in [
+        // One column per statement (SQLite alters one at a time), each only
+        // if missing: a run stopped on MySQL half-way keeps the first ones.
+        for column in [
             ColumnDef::new(WalRelayPosition::TxnLsn)
                 .big_integer()
                 .to_owned(),
             counter(WalRelayPosition::TxnMessages),
             counter(WalRelayPosition::Generation),
         ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(WalRelayPosition::Table)
-                        .add_column(&mut column)
-                        .to_owned(),
-                )
-                .await?;
+            add_column_if_missing(manager, WalRelayPosition::Table, column).await?;
         }
         Ok(())
     }
@@ -63,14 +58,7 @@ impl MigrationTrait for Migration {
             WalRelayPosition::TxnMessages,
             WalRelayPosition::TxnLsn,
         ] {
-            manager
-                .alter_table(
-                    Table::alter()
-                        .table(WalRelayPosition::Table)
-                        .drop_column(column)
-                        .to_owned(),
-                )
-                .await?;
+            drop_column_if_present(manager, WalRelayPosition::Table, column).await?;
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! The demo domain: accounts and the credits applied to them.
 
-use crate::columns::{MESSAGE_ID_LEN, NAME_LEN, binary_text, bounded, utc};
+use crate::columns::{
+    MESSAGE_ID_LEN, NAME_LEN, binary_text, bounded, create_index_if_missing, utc,
+};
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::{big_integer, big_pk_auto};
 
@@ -54,38 +56,38 @@ impl MigrationTrait for Migration {
         }
         manager.create_table(accounts).await?;
         manager.create_table(credits).await?;
+        // Indexes only if missing, so that a run stopped half-way on MySQL
+        // (DDL commits there as it goes) can run again: see `columns`.
         // The business key: a second credit with the same reference is a real
         // error, never an inbox duplicate.
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_credit_reference")
-                    .table(Credit::Table)
-                    .col(Credit::Reference)
-                    .unique()
-                    .if_not_exists()
-                    .to_owned(),
-            )
-            .await?;
+        create_index_if_missing(
+            manager,
+            Credit::Table,
+            Index::create()
+                .name("ix_credit_reference")
+                .col(Credit::Reference)
+                .unique()
+                .to_owned(),
+        )
+        .await?;
         // Not unique on purpose: the naive check-then-insert demo reads it.
-        manager
-            .create_index(
-                Index::create()
-                    .name("ix_credit_message_id")
-                    .table(Credit::Table)
-                    .col(Credit::MessageId)
-                    .if_not_exists()
-                    .to_owned(),
-            )
-            .await
+        create_index_if_missing(
+            manager,
+            Credit::Table,
+            Index::create()
+                .name("ix_credit_message_id")
+                .col(Credit::MessageId)
+                .to_owned(),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(Credit::Table).to_owned())
+            .drop_table(Table::drop().table(Credit::Table).if_exists().to_owned())
             .await?;
         manager
-            .drop_table(Table::drop().table(Account::Table).to_owned())
+            .drop_table(Table::drop().table(Account::Table).if_exists().to_owned())
             .await
     }
 }

@@ -18,9 +18,12 @@
 //!   webhook receiver, test certificates.
 //! - `rows`: outbox rows and markers written as a busy service leaves them.
 //! - `wait`, `net`: conditions instead of sleeps; HTTP clients and ports.
+//! - `ahead`: a schema one expand step ahead of the tree's migrations.
 
 pub mod ledger;
 
+#[cfg(feature = "harness")]
+pub mod ahead;
 #[cfg(feature = "harness")]
 pub mod binary;
 #[cfg(feature = "harness")]
