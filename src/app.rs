@@ -26,12 +26,14 @@ use worker::{Consumer, Relay, RelayConfig, StreamSpec, maintenance};
 use crate::config::Settings;
 
 mod drain;
+pub mod process;
 mod startup;
 
 pub use drain::drain_wal_slot;
+pub use process::{exit_code, init};
 
 use startup::wait_out_broker;
-pub use startup::{connect_db_waiting, wait_out_database};
+pub use startup::{connect_db_waiting, report_unknown, until_stopped, wait_out_database};
 
 /// Which loops a process runs: `seawall run` has all three, `relay`,
 /// `consume` and `api` one each, so each can be scaled on its own.
@@ -139,7 +141,8 @@ impl Application {
         if roles.api {
             api::check_exposure(settings.api_addr, !settings.api_tokens()?.is_empty())?;
         }
-        wait_out_database("applying migrations", || migration::apply(&db)).await?;
+        startup::ensure_schema(settings.migrations, &db).await?;
+        startup::now_doing("connecting to NATS");
         // The workers cannot start without NATS; the API alone can.
         let nats = crate::nats::connect_with(settings, !roles.workers()).await?;
         let client = nats.client;
@@ -162,6 +165,7 @@ impl Application {
         // Events written before the slot exists would never reach it, so
         // every process that may write events makes sure it does first.
         if wal && roles.workers() {
+            startup::now_doing("preparing the WAL slot");
             worker::relay::wal::prepare(&db, &settings.wal_slot()).await?;
         }
         // Consumers write their handlers' events; in table mode, on a
@@ -391,41 +395,28 @@ fn replay_subjects(domain: &Domain) -> HashMap<String, String> {
         .collect()
 }
 
-/// What every seawall binary does first: logs and traces (see
-/// [`crate::telemetry`]), and rustls's ring provider installed (reqwest,
-/// used by webhooks, brings none of its own; ring is the one sqlx and
-/// async-nats already build). Hold the result until the process ends: it
-/// flushes the traces not yet exported.
-///
-/// # Errors
-/// A logging variable that cannot be used, named.
-pub fn init() -> Result<crate::telemetry::Telemetry, crate::telemetry::TelemetryError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    crate::telemetry::init()
-}
-
-/// How a seawall binary ends: success, or one line with the cause chain on
-/// stderr (no backtrace for an operator's error) and a failure status.
-pub fn exit_code(result: Result<()>) -> std::process::ExitCode {
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// Runs `roles` of `domain` as this process until SIGINT/SIGTERM, with a
-/// database pool sized for them and the Prometheus recorder installed.
+/// Runs `roles` of `domain` as this process until `stop` (SIGINT/SIGTERM,
+/// see [`process::main`]), with a database pool sized for them and the
+/// Prometheus recorder installed. A `stop` during start-up ends it at once
+/// (see [`until_stopped`]).
 ///
 /// # Errors
 /// Start-up failing (see [`Application::build`]) or a loop failing.
-pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<()> {
+pub async fn serve(
+    settings: &Settings,
+    roles: Roles,
+    domain: Domain,
+    stop: CancellationToken,
+) -> Result<()> {
     let pool = settings.pool_size(&roles, domain.registry.registrations().len())?;
     let metrics = api::metrics::install().context("installing the metrics recorder")?;
-    let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
-    let app = Application::build(settings, roles, domain, db, Some(metrics)).await?;
+    let start = async {
+        let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
+        Application::build(settings, roles, domain, db, Some(metrics)).await
+    };
+    let Some(app) = until_stopped(&stop, start).await? else {
+        return Ok(());
+    };
     let api = if roles.api {
         format!("http://{}/", settings.api_addr)
     } else {
@@ -439,7 +430,7 @@ pub async fn serve(settings: &Settings, roles: Roles, domain: Domain) -> Result<
             roles.relay, roles.consume
         );
     }
-    app.run_until(stop_on_signal()).await
+    app.run_until(stop).await
 }
 
 /// Opens the database at `url` with a pool of `max` connections, naming the
@@ -509,39 +500,5 @@ async fn connect_admin_reads(url: &str) -> Result<DatabaseConnection> {
             Ok(db)
         }
         Err(err) => Err(err).with_context(|| connecting_to(url)),
-    }
-}
-
-/// A token cancelled on SIGINT or SIGTERM.
-pub fn stop_on_signal() -> CancellationToken {
-    let token = CancellationToken::new();
-    let stop = token.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        stop.cancel();
-    });
-    token
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
     }
 }

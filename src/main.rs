@@ -7,9 +7,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
+use seawall::app::process::or_stopped;
 use seawall::app::{connect_db, serve};
 use seawall::domain;
 use seawall::{Roles, config};
+use tokio_util::sync::CancellationToken;
 
 /// Exactly-once effects over at-least-once messaging.
 #[derive(Debug, Parser)]
@@ -24,8 +26,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create or upgrade the schema (idempotent).
-    Migrate,
+    /// Create or upgrade the schema (idempotent), one process at a time.
+    /// Migrations of a newer release are left alone and listed.
+    Migrate {
+        /// Only list each migration as applied, pending or unknown (a newer
+        /// release's) and exit; changes nothing.
+        #[arg(long)]
+        status: bool,
+    },
     /// Everything in one process: migrations, outbox relay, consumers, claim
     /// sweeper, pruner and the admin API with its dashboard.
     Run,
@@ -112,33 +120,94 @@ async fn healthcheck(urls: &[String]) -> Result<()> {
     anyhow::bail!("no probe answered: {}", failures.join("; "))
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    seawall::app::exit_code(run().await)
+fn main() -> ExitCode {
+    seawall::app::process::main(run)
 }
 
-async fn run() -> Result<()> {
-    let _telemetry = seawall::app::init()?;
+/// `seawall migrate`: applies the pending migrations and says what the
+/// database holds; `--status` only says.
+async fn migrate(settings: &config::Settings, status_only: bool) -> Result<()> {
+    let db = connect_db(&settings.database_url, settings.tool_pool_size()).await?;
+    let url = config::redact(&settings.database_url);
+    let status = if status_only {
+        migration::status(&db)
+            .await
+            .context("reading the applied migrations")?
+    } else {
+        let status = migration::apply(&db).await.context("applying migrations")?;
+        println!("migrations applied to {url}");
+        status
+    };
+    if status_only {
+        for (state, names) in [
+            ("applied", &status.applied),
+            ("pending", &status.pending),
+            ("unknown", &status.unknown),
+        ] {
+            for name in names {
+                println!("{state:<8} {name}");
+            }
+        }
+    }
+    if !status.unknown.is_empty() {
+        println!(
+            "note: {url} holds {} migration(s) this release does not know (a newer release's): {}; this release runs beside them (docs/operations.md, upgrades and rollbacks)",
+            status.unknown.len(),
+            status.unknown.join(", ")
+        );
+    }
+    Ok(())
+}
+
+async fn run(stop: CancellationToken) -> Result<()> {
     let cli = Cli::parse();
     let loaded = config::load::<domain::Settings>(cli.config.as_deref())?;
     let settings = &loaded.settings;
-    match cli.command {
-        Command::Migrate => {
-            let db = connect_db(&settings.database_url, settings.tool_pool_size()).await?;
-            migration::apply(&db).await.context("applying migrations")?;
-            println!(
-                "migrations applied to {}",
-                config::redact(&settings.database_url)
-            );
+    let roles = match cli.command {
+        Command::Run => Some(Roles::ALL),
+        Command::Relay {
+            drop_slot: false, ..
+        } => Some(Roles::RELAY),
+        Command::Consume => Some(Roles::CONSUME),
+        Command::Api => Some(Roles::API),
+        _ => None,
+    };
+    if let Some(roles) = roles {
+        return serve(settings, roles, domain::domain(&loaded)?, stop).await;
+    }
+    if let Command::Relay {
+        drop_slot: true,
+        drain: true,
+    } = cli.command
+    {
+        return seawall::app::drain_wal_slot(settings, domain::domain(&loaded)?, stop).await;
+    }
+    let doing = cli.command.doing();
+    or_stopped(&stop, doing, one_shot(cli.command, &loaded)).await
+}
+
+impl Command {
+    /// What a one-shot command is doing, for the error a signal ends it with.
+    fn doing(&self) -> &'static str {
+        match self {
+            Command::Migrate { status: false } => "applying migrations",
+            Command::Migrate { status: true } => "reading the applied migrations",
+            Command::Relay { .. } => "dropping the replication slot",
+            Command::Stats => "reading stats",
+            Command::Prune { .. } => "pruning",
+            Command::Healthcheck { .. } => "asking the probes",
+            Command::Domain(_) => "running the domain's command",
+            Command::Run | Command::Consume | Command::Api => "starting",
         }
-        Command::Run => serve(settings, Roles::ALL, domain::domain(&loaded)?).await?,
-        Command::Relay {
-            drop_slot: true,
-            drain: true,
-        } => seawall::app::drain_wal_slot(settings, domain::domain(&loaded)?).await?,
-        Command::Relay {
-            drop_slot: true, ..
-        } => {
+    }
+}
+
+/// The commands that do one thing and exit.
+async fn one_shot(command: Command, loaded: &config::Loaded<domain::Settings>) -> Result<()> {
+    let settings = &loaded.settings;
+    match command {
+        Command::Migrate { status } => migrate(settings, status).await,
+        Command::Relay { .. } => {
             let db = connect_db(&settings.database_url, 1).await?;
             let slot = settings.wal_slot();
             let dropped = worker::relay::wal::drop_slot(&db, &slot).await?;
@@ -146,47 +215,48 @@ async fn run() -> Result<()> {
                 "{} replication slot {slot}",
                 if dropped { "dropped" } else { "there was no" }
             );
+            Ok(())
         }
-        Command::Relay {
-            drop_slot: false, ..
-        } => {
-            serve(settings, Roles::RELAY, domain::domain(&loaded)?).await?;
-        }
-        Command::Consume => serve(settings, Roles::CONSUME, domain::domain(&loaded)?).await?,
-        Command::Api => serve(settings, Roles::API, domain::domain(&loaded)?).await?,
-        Command::Domain(command) => domain::run(command, &loaded).await?,
+        Command::Domain(command) => domain::run(command, loaded).await,
         Command::Healthcheck { url } => {
             let urls = match url {
                 Some(url) => vec![url],
                 None => local_probes(settings),
             };
-            healthcheck(&urls).await?;
+            healthcheck(&urls).await
         }
-        Command::Prune { dry_run } => {
-            let retention = settings.retention()?;
-            let db = connect_db(&settings.database_url, 2).await?;
-            let now = chrono::Utc::now();
-            let report = if dry_run {
-                service::retention::prune_dry_run(&db, &retention, now).await
-            } else {
-                service::retention::prune(&db, &retention, now).await
-            }
-            .context("pruning")?;
-            let verb = if dry_run { "would_delete" } else { "deleted" };
-            println!(
-                "{}",
-                serde_json::json!({ verb: report, "inbox_retention_ms": retention.inbox.map(|d| d.as_millis() as u64), "outbox_retention_ms": retention.outbox.as_millis() as u64 })
-            );
-        }
-        Command::Stats => {
-            let db = connect_db(&settings.database_url, 1).await?;
-            let wal_slot =
-                (settings.outbox_mode == service::OutboxMode::Wal).then(|| settings.wal_slot());
-            let stats = service::stats::stats(&db, chrono::Utc::now(), wal_slot.as_deref())
-                .await
-                .context("reading stats")?;
-            println!("{}", serde_json::to_string_pretty(&stats)?);
-        }
+        Command::Prune { dry_run } => prune(settings, dry_run).await,
+        Command::Stats => stats(settings).await,
+        Command::Run | Command::Consume | Command::Api => Ok(()),
     }
+}
+
+/// `seawall prune`: deletes (or counts) what retention allows, as JSON.
+async fn prune(settings: &config::Settings, dry_run: bool) -> Result<()> {
+    let retention = settings.retention()?;
+    let db = connect_db(&settings.database_url, 2).await?;
+    let now = chrono::Utc::now();
+    let report = if dry_run {
+        service::retention::prune_dry_run(&db, &retention, now).await
+    } else {
+        service::retention::prune(&db, &retention, now).await
+    }
+    .context("pruning")?;
+    let verb = if dry_run { "would_delete" } else { "deleted" };
+    println!(
+        "{}",
+        serde_json::json!({ verb: report, "inbox_retention_ms": retention.inbox.map(|d| d.as_millis() as u64), "outbox_retention_ms": retention.outbox.as_millis() as u64 })
+    );
+    Ok(())
+}
+
+/// `seawall stats`: counts, lag and throughput as JSON.
+async fn stats(settings: &config::Settings) -> Result<()> {
+    let db = connect_db(&settings.database_url, 1).await?;
+    let wal_slot = (settings.outbox_mode == service::OutboxMode::Wal).then(|| settings.wal_slot());
+    let stats = service::stats::stats(&db, chrono::Utc::now(), wal_slot.as_deref())
+        .await
+        .context("reading stats")?;
+    println!("{}", serde_json::to_string_pretty(&stats)?);
     Ok(())
 }

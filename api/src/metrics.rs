@@ -24,6 +24,10 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
 ];
 
+/// Buckets of `seawall_inbox_batch_size`: powers of two up to
+/// `INBOX_BATCH`'s ceiling.
+const INBOX_BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
+
 /// Installs the process-wide Prometheus recorder and starts its upkeep task.
 /// Call once, early, inside the tokio runtime.
 ///
@@ -54,6 +58,13 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
         .set_buckets_for_metric(
             Matcher::Full("seawall_relay_batch_size".into()),
             &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0],
+        )?
+        // Deliveries per group commit: at most 32 (`INBOX_BATCH`). Without
+        // buckets of its own the exporter would render it as a summary,
+        // whose quantiles cannot be aggregated across consumers.
+        .set_buckets_for_metric(
+            Matcher::Full("seawall_inbox_batch_size".into()),
+            INBOX_BATCH_BUCKETS,
         )?
         .install_recorder()?;
     describe();
@@ -115,6 +126,14 @@ fn describe() {
         "seawall_end_to_end_latency_seconds",
         metrics::Unit::Seconds,
         "Delay from when an event was written (its outbox row or WAL message; the broker's store time for messages from elsewhere) to when a consumer's handling committed, by consumer"
+    );
+    metrics::describe_gauge!(
+        "seawall_schema_unknown_migrations",
+        "Migrations the database holds that this release does not know (a newer release's, during a rolling upgrade or after a rollback)"
+    );
+    metrics::describe_histogram!(
+        "seawall_inbox_batch_size",
+        "Deliveries committed per inbox transaction (group commit, INBOX_BATCH)"
     );
     metrics::describe_gauge!(
         "seawall_build_info",

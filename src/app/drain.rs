@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 
-use super::{Application, Domain, Roles, connect_db_waiting, stop_on_signal};
+use super::{Application, Domain, Roles, connect_db_waiting};
 use crate::config::Settings;
+use tokio_util::sync::CancellationToken;
 
 /// How often the drain checks how far the slot is confirmed.
 const POLL: Duration = Duration::from_millis(200);
@@ -23,7 +24,11 @@ const POLL: Duration = Duration::from_millis(200);
 /// # Errors
 /// `outbox_mode` is not `wal`, the drain was interrupted (the slot is left
 /// as it was), or the database, broker or slot failed.
-pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
+pub async fn drain_wal_slot(
+    settings: &Settings,
+    domain: Domain,
+    stop: CancellationToken,
+) -> Result<()> {
     anyhow::ensure!(
         settings.outbox_mode == service::OutboxMode::Wal,
         "--drain relays the WAL slot before dropping it: run it with outbox_mode = \"wal\""
@@ -43,7 +48,6 @@ pub async fn drain_wal_slot(settings: &Settings, domain: Domain) -> Result<()> {
         .context("reading the current WAL position")?
         .try_get::<String>("", "lsn")?;
     let app = Application::build(settings, Roles::RELAY, domain, db.clone(), None).await?;
-    let stop = stop_on_signal();
     let drained = stop.child_token();
     let watch = {
         let (db, slot, target, done) = (db.clone(), slot.clone(), target.clone(), drained.clone());

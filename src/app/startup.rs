@@ -2,12 +2,125 @@
 //! yet (a failover, a restart, a leader election) instead of exiting into
 //! a supervisor's restart loop.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Result;
 use sea_orm::DatabaseConnection;
+use tokio_util::sync::CancellationToken;
 
 use super::connecting_to;
+use crate::config::Migrations;
+
+/// What start-up is doing now, for the log line of a signal that
+/// interrupts it (see [`until_stopped`]). One per process: start-up runs
+/// once, and only this line reads it.
+static STEP: Mutex<String> = Mutex::new(String::new());
+
+/// Notes that start-up is now doing `what`.
+pub(super) fn now_doing(what: &str) {
+    if let Ok(mut step) = STEP.lock() {
+        what.clone_into(&mut step);
+    }
+}
+
+/// What start-up was doing last (see [`now_doing`]).
+fn current_step() -> String {
+    STEP.lock()
+        .map(|s| s.clone())
+        .unwrap_or_default()
+        .chars()
+        .take(200)
+        .collect()
+}
+
+/// Runs a start-up `work` (connecting, waiting for a server, migrating)
+/// until it ends or `stop` is cancelled. A start-up can wait minutes for a
+/// database, JetStream or a migration job; a SIGTERM meanwhile (a rollout,
+/// a scale-down, a node drain) must end the process now, not at the end of
+/// the wait or of Kubernetes' grace period. Dropping `work` half-way is
+/// safe: a PostgreSQL or SQLite migration rolls back with its transaction,
+/// a MySQL one applies again step by step (see `migration::apply`).
+///
+/// `None` when stopped, after a warning naming what was interrupted.
+///
+/// # Errors
+/// `work`'s own error.
+pub async fn until_stopped<T>(
+    stop: &CancellationToken,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<Option<T>> {
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => {
+            tracing::warn!(
+                interrupted = %current_step(),
+                "stopped by a signal during start-up"
+            );
+            Ok(None)
+        }
+        done = work => done.map(Some),
+    }
+}
+
+/// Makes sure the schema this release needs is in place, as `mode` says:
+/// applies the pending migrations, or waits for `seawall migrate` (a
+/// migration job) to. Migrations of a newer release are expected (a
+/// rolling upgrade, a rollback): logged and counted
+/// (`seawall_schema_unknown_migrations`), not refused.
+///
+/// # Errors
+/// A migration failing, or the database unable to answer (see
+/// [`wait_out_database`]).
+pub(super) async fn ensure_schema(mode: Migrations, db: &DatabaseConnection) -> Result<()> {
+    let status = match mode {
+        Migrations::Apply => {
+            wait_out_database("applying migrations", || migration::apply(db)).await?
+        }
+        Migrations::Wait => wait_for_migrations(db).await?,
+    };
+    report_unknown(&status);
+    Ok(())
+}
+
+/// How often a process waiting for a migration job looks again.
+const MIGRATIONS_POLL: Duration = Duration::from_secs(1);
+
+/// Waits until every migration this release needs is applied, by someone
+/// else; as long as it takes (a long migration job), logging what it waits
+/// for whenever that changes. A pod's `startupProbe` bounds the wait, and a
+/// signal ends it (see [`until_stopped`]).
+async fn wait_for_migrations(db: &DatabaseConnection) -> Result<migration::Status> {
+    let mut told: Option<Vec<String>> = None;
+    loop {
+        let status =
+            wait_out_database("reading the applied migrations", || migration::status(db)).await?;
+        if status.pending.is_empty() {
+            return Ok(status);
+        }
+        now_doing("waiting for the migration job (seawall migrate)");
+        if told.as_ref() != Some(&status.pending) {
+            tracing::warn!(
+                pending = %status.pending.join(", "),
+                "waiting for migrations this release needs; run `seawall migrate` (the migration job) or set SEAWALL_MIGRATIONS=apply"
+            );
+            told = Some(status.pending);
+        }
+        tokio::time::sleep(MIGRATIONS_POLL).await;
+    }
+}
+
+/// Logs, once per start-up, the migrations the database holds that this
+/// release does not know, and exports how many there are.
+pub fn report_unknown(status: &migration::Status) {
+    metrics::gauge!("seawall_schema_unknown_migrations").set(status.unknown.len() as f64);
+    if !status.unknown.is_empty() {
+        tracing::warn!(
+            migrations = %status.unknown.join(", "),
+            "the database holds migrations this release does not know (a newer release's); running beside them, as docs/operations.md's upgrade rule allows"
+        );
+    }
+}
 
 /// How long a starting process waits for a database that is down or
 /// changing hands: well past a failover (about 15 s with the reference
@@ -107,6 +220,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
+    now_doing(what);
     let deadline = tokio::time::Instant::now() + START_UP_DATABASE_WAIT;
     let backoff = service::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let mut failures = 0;

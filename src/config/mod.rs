@@ -8,6 +8,7 @@
 
 mod checks;
 mod load;
+mod service_links;
 
 pub use load::{DomainSettings, Loaded, NoSettings, load};
 
@@ -111,6 +112,9 @@ pub struct Settings {
     pub claim_max_attempts: u64,
     /// Where events are recorded: `table` rows, or the PostgreSQL `wal`.
     pub outbox_mode: service::OutboxMode,
+    /// Whether a long-running process applies pending migrations at
+    /// start-up or waits for a migration job to apply them.
+    pub migrations: Migrations,
     /// The WAL relay's replication slot (and publication); derived from the
     /// database name when unset.
     pub wal_slot: Option<String>,
@@ -179,6 +183,7 @@ impl Default for Settings {
             claim_lease_ms: 300_000,
             claim_max_attempts: 5,
             outbox_mode: service::OutboxMode::Table,
+            migrations: Migrations::Apply,
             wal_slot: None,
             // A window's last PubAck is waited for once per window: small
             // windows leave the relay idle between them (0.44x the plain
@@ -191,6 +196,22 @@ impl Default for Settings {
 }
 
 const DAY_MS: u64 = 24 * 3600 * 1000;
+
+/// Who applies the migrations a long-running process (`run`, `relay`,
+/// `consume`, `api`) needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Migrations {
+    /// The process applies them at start-up, one process at a time under
+    /// the database's lock: what one `seawall run`, or a deployment
+    /// without a migration step, wants.
+    Apply,
+    /// The process waits until they are applied by `seawall migrate` (a
+    /// Kubernetes Job or init container before the rollout), and never
+    /// changes the schema itself: replicas do not race to migrate, and a
+    /// long migration is not killed by a pod's probes half-way.
+    Wait,
+}
 
 /// Deliveries committed together by default (`INBOX_BATCH`) on PostgreSQL.
 /// End to end on a durable server (`seawall-bench e2e`) batches of 16 ran

@@ -17,23 +17,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use tokio_util::sync::CancellationToken;
 
 use seawall::webhook::Webhook;
 use seawall::{Domain, Roles, Settings};
 use service::{ConsumerName, Registry};
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let telemetry = match seawall::app::init() {
-        Ok(telemetry) => telemetry,
-        Err(err) => return seawall::app::exit_code(Err(err.into())),
-    };
-    let code = seawall::app::exit_code(run().await);
-    drop(telemetry);
-    code
+fn main() -> ExitCode {
+    seawall::app::process::main(run)
 }
 
-async fn run() -> Result<()> {
+async fn run(stop: CancellationToken) -> Result<()> {
     let roles = match std::env::args().nth(1).as_deref() {
         Some("run") => Roles::ALL,
         Some("relay") => Roles::RELAY,
@@ -49,16 +43,23 @@ async fn run() -> Result<()> {
             .arm_fault(&fault)
             .map_err(|e| anyhow::anyhow!("TESTBED_FAULT: {e}"))?;
     }
-    let db = seawall::app::connect_db_waiting(&settings.database_url, 2, settings.sqlite()).await?;
-    // A process restarted while the database restarts meets the outage
-    // here too: wait it out, as `connect_db_waiting` did.
-    seawall::app::wait_out_database("creating the ledger's tables", || {
-        domain::create_tables(&db)
-    })
-    .await?;
-    db.close().await.ok();
+    let tables = async {
+        let db =
+            seawall::app::connect_db_waiting(&settings.database_url, 2, settings.sqlite()).await?;
+        // A process restarted while the database restarts meets the outage
+        // here too: wait it out, as `connect_db_waiting` did.
+        seawall::app::wait_out_database("creating the ledger's tables", || {
+            domain::create_tables(&db)
+        })
+        .await?;
+        db.close().await.ok();
+        Ok(())
+    };
+    if seawall::app::until_stopped(&stop, tables).await?.is_none() {
+        return Ok(());
+    }
     let domain = ledger(&settings)?;
-    seawall::app::serve(&settings, roles, domain).await
+    seawall::app::serve(&settings, roles, domain, stop).await
 }
 
 /// The ledger's stream and consumers.
