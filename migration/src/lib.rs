@@ -39,6 +39,8 @@ mod m20261202_000013_unbounded_received_subjects;
 mod m20261202_000014_create_wal_slot_loss;
 mod m20261203_000015_add_wal_relay_progress;
 mod m20261204_000016_binary_text_on_mysql;
+#[cfg(test)]
+mod shipped;
 mod status;
 
 pub use apply::{MYSQL_MIGRATION_LOCK, apply};
