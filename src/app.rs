@@ -26,10 +26,12 @@ use worker::{Consumer, Relay, RelayConfig, StreamSpec, maintenance};
 use crate::config::Settings;
 
 mod drain;
+mod migrate;
 pub mod process;
 mod startup;
 
 pub use drain::drain_wal_slot;
+pub use migrate::migrate;
 pub use process::{exit_code, init};
 
 use startup::wait_out_broker;

@@ -124,41 +124,6 @@ fn main() -> ExitCode {
     seawall::app::process::main(run)
 }
 
-/// `seawall migrate`: applies the pending migrations and says what the
-/// database holds; `--status` only says.
-async fn migrate(settings: &config::Settings, status_only: bool) -> Result<()> {
-    let db = connect_db(&settings.database_url, settings.tool_pool_size()).await?;
-    let url = config::redact(&settings.database_url);
-    let status = if status_only {
-        migration::status(&db)
-            .await
-            .context("reading the applied migrations")?
-    } else {
-        let status = migration::apply(&db).await.context("applying migrations")?;
-        println!("migrations applied to {url}");
-        status
-    };
-    if status_only {
-        for (state, names) in [
-            ("applied", &status.applied),
-            ("pending", &status.pending),
-            ("unknown", &status.unknown),
-        ] {
-            for name in names {
-                println!("{state:<8} {name}");
-            }
-        }
-    }
-    if !status.unknown.is_empty() {
-        println!(
-            "note: {url} holds {} migration(s) this release does not know (a newer release's): {}; this release runs beside them (docs/operations.md, upgrades and rollbacks)",
-            status.unknown.len(),
-            status.unknown.join(", ")
-        );
-    }
-    Ok(())
-}
-
 async fn run(stop: CancellationToken) -> Result<()> {
     let cli = Cli::parse();
     let loaded = config::load::<domain::Settings>(cli.config.as_deref())?;
@@ -206,7 +171,7 @@ impl Command {
 async fn one_shot(command: Command, loaded: &config::Loaded<domain::Settings>) -> Result<()> {
     let settings = &loaded.settings;
     match command {
-        Command::Migrate { status } => migrate(settings, status).await,
+        Command::Migrate { status } => seawall::app::migrate(settings, status).await,
         Command::Relay { .. } => {
             let db = connect_db(&settings.database_url, 1).await?;
             let slot = settings.wal_slot();

@@ -35,7 +35,7 @@ use crate::Migrator;
 use crate::status::{Status, known, recorded};
 
 /// Key of the PostgreSQL advisory lock [`apply`] holds ("seawall" in hex-ish).
-const MIGRATION_LOCK: i64 = 0x5EA_3A11;
+pub const POSTGRES_MIGRATION_LOCK: i64 = 0x5EA_3A11;
 
 /// Name of the MySQL/MariaDB lock [`apply`] holds (`GET_LOCK`).
 pub const MYSQL_MIGRATION_LOCK: &str = "seawall_migrate";
@@ -50,8 +50,10 @@ pub async fn apply(db: &DatabaseConnection) -> Result<Status, DbErr> {
     match db.get_database_backend() {
         DbBackend::Postgres => {
             let txn = db.begin().await?;
-            txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
-                .await?;
+            txn.execute_unprepared(&format!(
+                "SELECT pg_advisory_xact_lock({POSTGRES_MIGRATION_LOCK})"
+            ))
+            .await?;
             // A migration that waits for a table's lock (a long transaction
             // holding it) queues every other session's access to that table
             // behind it: give up after a few seconds instead, as a lock

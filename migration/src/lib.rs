@@ -43,7 +43,7 @@ mod m20261204_000016_binary_text_on_mysql;
 mod shipped;
 mod status;
 
-pub use apply::{MYSQL_MIGRATION_LOCK, apply};
+pub use apply::{MYSQL_MIGRATION_LOCK, POSTGRES_MIGRATION_LOCK, apply};
 pub use status::{Status, status};
 
 /// seawall's migrations, then the domain's, in order. Apply them with

@@ -17,11 +17,15 @@ use crate::config::Migrations;
 /// once, and only this line reads it.
 static STEP: Mutex<String> = Mutex::new(String::new());
 
-/// Notes that start-up is now doing `what`.
+/// Notes (and logs, at `info`) that start-up is now doing `what`.
 pub(super) fn now_doing(what: &str) {
     if let Ok(mut step) = STEP.lock() {
+        if *step == what {
+            return;
+        }
         what.clone_into(&mut step);
     }
+    tracing::info!(step = what, "starting up");
 }
 
 /// What start-up was doing last (see [`now_doing`]).

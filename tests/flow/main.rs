@@ -18,6 +18,7 @@ mod relay;
 mod relay_edges;
 mod replay;
 mod shutdown;
+mod upgrade;
 mod wal;
 mod wal_connection;
 mod wal_fence;

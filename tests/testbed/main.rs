@@ -1,6 +1,6 @@
 //! `seawall-testbed`: the platform's long-running roles on the test-only
 //! ledger domain of the test kit (`tests/kit`): `seawall-testbed
-//! run|relay|consume|api`, configured
+//! run|relay|consume|api`, and `migrate [--status]` as `seawall`'s, configured
 //! like `seawall` (`SEAWALL_*`), plus two knobs of the domain's own:
 //! `TESTBED_WORK_MS` (a slow handler) and `TESTBED_WEBHOOK_URL` (the `hook`
 //! consumer, a two-phase claim that POSTs each recorded entry), and the
@@ -28,16 +28,24 @@ fn main() -> ExitCode {
 }
 
 async fn run(stop: CancellationToken) -> Result<()> {
-    let roles = match std::env::args().nth(1).as_deref() {
+    let command = std::env::args().nth(1);
+    let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
+    let mut settings =
+        seawall::config::load::<seawall::config::NoSettings>(config.as_deref())?.settings;
+    let roles = match command.as_deref() {
         Some("run") => Roles::ALL,
         Some("relay") => Roles::RELAY,
         Some("consume") => Roles::CONSUME,
         Some("api") => Roles::API,
-        other => bail!("usage: seawall-testbed run|relay|consume|api (got {other:?})"),
+        Some("migrate") => {
+            let status = std::env::args().nth(2).as_deref() == Some("--status");
+            let migrate = seawall::app::migrate(&settings, status);
+            return seawall::app::process::or_stopped(&stop, "applying migrations", migrate).await;
+        }
+        other => {
+            bail!("usage: seawall-testbed run|relay|consume|api|migrate [--status] (got {other:?})")
+        }
     };
-    let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
-    let mut settings =
-        seawall::config::load::<seawall::config::NoSettings>(config.as_deref())?.settings;
     if let Ok(fault) = std::env::var("TESTBED_FAULT") {
         settings
             .arm_fault(&fault)

@@ -30,12 +30,24 @@ pub fn path(name: &str) -> PathBuf {
 /// Runs the `seawall` binary to its end with `args` and extra environment
 /// variables, for start-up checks that never reach a server.
 pub fn seawall_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    let mut cmd = std::process::Command::new(path("seawall"));
+    output("seawall", args, env)
+}
+
+/// [`seawall_output`] for `seawall-testbed`: the platform's commands
+/// (`migrate`, the roles) on the kit's domain, whatever a fork's domain
+/// requires of `seawall`.
+pub fn testbed_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    output("seawall-testbed", args, env)
+}
+
+fn output(program: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(path(program));
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().expect("run seawall")
+    cmd.output()
+        .unwrap_or_else(|err| panic!("run {program}: {err}"))
 }
 
 /// Asserts that a run failed, named `needle` on stderr, and did not panic.

@@ -48,7 +48,7 @@ mod wait;
 pub mod webhook;
 
 #[cfg(feature = "harness")]
-pub use binary::{fails_naming, seawall_output};
+pub use binary::{fails_naming, seawall_output, testbed_output};
 #[cfg(feature = "harness")]
 pub use db::{Backend, TestDb, backend_named, charted, connect, pg_count, server_url};
 #[cfg(feature = "harness")]

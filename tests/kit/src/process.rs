@@ -32,12 +32,12 @@ pub const TEST_SETTINGS: [(&str, &str); 4] = [
 impl Seawall {
     /// Starts `seawall <args>` with the given environment (plus
     /// `SEAWALL_LOG=info` and [`TEST_SETTINGS`]). The long-running roles (`run`, `relay`,
-    /// `consume`, `api`) run the test domain, through `seawall-testbed` (the
-    /// same `Application` as `seawall`, on the kit's [`crate::ledger`]);
-    /// the other commands run `seawall` itself.
+    /// `consume`, `api`) and `migrate` run the test domain, through
+    /// `seawall-testbed` (the same `Application` as `seawall`, on the kit's
+    /// [`crate::ledger`]); the other commands run `seawall` itself.
     pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Self {
         let program = match args.first() {
-            Some(&("run" | "relay" | "consume" | "api")) => "seawall-testbed",
+            Some(&("run" | "relay" | "consume" | "api" | "migrate")) => "seawall-testbed",
             _ => "seawall",
         };
         Self::spawn_program(&binary::path(program), args, env)
