@@ -42,30 +42,54 @@ pub(crate) fn test_rules() -> String {
 }
 
 /// The shipped scrape config with the test's processes as targets, scraped
-/// and evaluated every second.
-pub(crate) fn test_config(targets: &[(&str, Vec<String>)]) -> String {
+/// and evaluated every second. `targets` holds (job, namespace, addresses):
+/// each job's shipped `static_configs` entries are replaced by one entry per
+/// deployment of the test, its targets labelled with the deployment's
+/// `namespace`, as the shipped file shows.
+pub(crate) fn test_config(targets: &[(&str, &str, Vec<String>)]) -> String {
     let shipped = std::fs::read_to_string(deploy_dir().join("prometheus/prometheus.yml")).unwrap();
     let mut out = String::new();
-    let mut job = None;
+    let mut job: Option<String> = None;
+    let mut written: Vec<String> = Vec::new();
+    // Whether the line before was a `- targets:` line: its `labels:` line
+    // goes with it.
+    let mut after_targets = false;
     for line in shipped.lines() {
         let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
         if let Some(name) = trimmed.strip_prefix("- job_name: ") {
             job = Some(name.to_owned());
         }
         if trimmed.starts_with("scrape_interval:") || trimmed.starts_with("evaluation_interval:") {
             out.push_str(&line.replace("15s", "1s"));
+            out.push('\n');
         } else if trimmed.starts_with("- targets:") {
-            let job = job.as_deref().unwrap();
-            let (_, addrs) = targets
-                .iter()
-                .find(|(name, _)| *name == job)
-                .unwrap_or_else(|| panic!("no targets for the shipped job {job}"));
-            let indent = &line[..line.len() - trimmed.len()];
-            out.push_str(&format!("{indent}- targets: {addrs:?}"));
+            after_targets = true;
+            let job = job.clone().unwrap();
+            if written.contains(&job) {
+                continue;
+            }
+            let entries: Vec<&(&str, &str, Vec<String>)> =
+                targets.iter().filter(|(name, _, _)| *name == job).collect();
+            assert!(!entries.is_empty(), "no targets for the shipped job {job}");
+            for (_, namespace, addrs) in entries {
+                out.push_str(&format!("{indent}- targets: {addrs:?}\n"));
+                out.push_str(&format!("{indent}  labels: {{namespace: {namespace}}}\n"));
+            }
+            written.push(job);
+        } else if after_targets && trimmed.starts_with("labels:") {
+            after_targets = false;
         } else {
+            after_targets = false;
             out.push_str(line);
+            out.push('\n');
         }
-        out.push('\n');
+    }
+    for (name, _, _) in targets {
+        assert!(
+            written.iter().any(|job| job == name),
+            "the shipped config has no job {name}"
+        );
     }
     out
 }
@@ -147,6 +171,68 @@ impl Prometheus {
             .collect()
     }
 
+    /// Active alerts as (name, namespace, state) triples: which deployment
+    /// each is about ("" for an alert without a namespace).
+    pub(crate) async fn active_in(&self) -> BTreeSet<(String, String, String)> {
+        self.get("/api/v1/alerts", &[])
+            .await
+            .and_then(|d| d["alerts"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|a| {
+                (
+                    a["labels"]["alertname"].as_str().unwrap_or("").to_owned(),
+                    a["labels"]["namespace"].as_str().unwrap_or("").to_owned(),
+                    a["state"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until the active alerts are exactly `expected`, as (name,
+    /// namespace) pairs, all firing: each fault's alerts come from its own
+    /// deployment, and none from another.
+    pub(crate) async fn expect_firing_in(&self, expected: &[(&str, &str)]) {
+        let wanted: BTreeSet<(String, String, String)> = expected
+            .iter()
+            .map(|(name, namespace)| {
+                (
+                    (*name).to_owned(),
+                    (*namespace).to_owned(),
+                    "firing".to_owned(),
+                )
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let active = self.active_in().await;
+            if active == wanted {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not only {expected:?} firing; active (alert, namespace, state): {active:?}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Asserts that every active alert names its deployment: a rule that
+    /// aggregates the `namespace` label away fails here.
+    async fn assert_namespaced(&self) {
+        let bare: Vec<(String, String, String)> = self
+            .active_in()
+            .await
+            .into_iter()
+            .filter(|(_, namespace, _)| namespace.is_empty())
+            .collect();
+        assert!(
+            bare.is_empty(),
+            "alerts without their deployment's namespace: {bare:?}"
+        );
+    }
+
     pub(crate) async fn active(&self) -> BTreeSet<String> {
         self.alerts()
             .await
@@ -173,6 +259,7 @@ impl Prometheus {
         let active = self.active().await;
         let wanted: BTreeSet<String> = expected.iter().map(|n| (*n).to_owned()).collect();
         assert_eq!(active, wanted, "only the fault's alerts are active");
+        self.assert_namespaced().await;
     }
 
     /// Waits until exactly the alerts of `expected` are active, all
@@ -189,6 +276,7 @@ impl Prometheus {
             "not only {expected:?} firing; active: {alerts:?}\n{}",
             self.log()
         );
+        self.assert_namespaced().await;
     }
 
     /// Waits until no alert is pending or firing.
