@@ -9,6 +9,7 @@ mod deliveries;
 mod e2e;
 mod helpers;
 mod journey;
+mod manifests;
 mod nats_secure;
 mod otel;
 mod poison;

@@ -39,7 +39,15 @@ async fn run(stop: CancellationToken) -> Result<()> {
         Some("api") => Roles::API,
         Some("migrate") => {
             let status = std::env::args().nth(2).as_deref() == Some("--status");
-            let migrate = seawall::app::migrate(&settings, status);
+            let migrate = async {
+                seawall::app::migrate(&settings, status).await?;
+                if !status {
+                    // The ledger's tables are this domain's schema: the
+                    // migration job makes them, before any role starts.
+                    ledger_tables(&settings).await?;
+                }
+                Ok(())
+            };
             return seawall::app::process::or_stopped(&stop, "applying migrations", migrate).await;
         }
         other => {
@@ -51,23 +59,27 @@ async fn run(stop: CancellationToken) -> Result<()> {
             .arm_fault(&fault)
             .map_err(|e| anyhow::anyhow!("TESTBED_FAULT: {e}"))?;
     }
-    let tables = async {
-        let db =
-            seawall::app::connect_db_waiting(&settings.database_url, 2, settings.sqlite()).await?;
-        // A process restarted while the database restarts meets the outage
-        // here too: wait it out, as `connect_db_waiting` did.
-        seawall::app::wait_out_database("creating the ledger's tables", || {
-            domain::create_tables(&db)
-        })
-        .await?;
-        db.close().await.ok();
-        Ok(())
-    };
-    if seawall::app::until_stopped(&stop, tables).await?.is_none() {
+    if seawall::app::until_stopped(&stop, ledger_tables(&settings))
+        .await?
+        .is_none()
+    {
         return Ok(());
     }
     let domain = ledger(&settings)?;
     seawall::app::serve(&settings, roles, domain, stop).await
+}
+
+/// Creates the ledger's tables where they are missing.
+async fn ledger_tables(settings: &Settings) -> Result<()> {
+    let db = seawall::app::connect_db_waiting(&settings.database_url, 2, settings.sqlite()).await?;
+    // A process restarted while the database restarts meets the outage
+    // here too: wait it out, as `connect_db_waiting` did.
+    seawall::app::wait_out_database("creating the ledger's tables", || {
+        domain::create_tables(&db)
+    })
+    .await?;
+    db.close().await.ok();
+    Ok(())
 }
 
 /// The ledger's stream and consumers.
