@@ -19,8 +19,8 @@ use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::layer::{Layered, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -232,11 +232,7 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
     global::set_tracer_provider(provider.clone());
     let tracer = provider.tracer("seawall");
     let logs = if json {
-        tracing_subscriber::fmt::layer()
-            .event_format(JsonLines)
-            .with_writer(std::io::stderr)
-            .with_filter(log_filter)
-            .boxed()
+        json_lines(std::io::stderr).with_filter(log_filter).boxed()
     } else {
         // Colour codes only for a person at a terminal: a file or a pipe
         // (a supervisor's journal, a log shipper) gets plain text.
@@ -287,7 +283,22 @@ where
     }
 }
 
+/// The JSON log layer, writing to `writer`: span fields are recorded as
+/// JSON ([`JsonFields`]) so that [`JsonLines`] can merge them into each line.
+fn json_lines<S, W>(writer: W) -> impl Layer<S> + Send + Sync
+where
+    S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .fmt_fields(JsonFields::new())
+        .event_format(JsonLines)
+        .with_writer(writer)
+}
+
 /// One JSON object per event: time, level, target, the event's fields, the
+/// fields of the spans it happened in (a message's id and consumer, say;
+/// the innermost span's value wins, the event's own over any span's), the
 /// current span's name, and its `trace_id` and `span_id` when it is traced.
 struct JsonLines;
 
@@ -316,6 +327,17 @@ where
             Value::String(event.metadata().target().to_owned()),
         );
         event.record(&mut Fields(&mut line));
+        for span in ctx.event_scope().into_iter().flatten() {
+            let extensions = span.extensions();
+            let Some(fields) = extensions.get::<FormattedFields<N>>() else {
+                continue;
+            };
+            if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(fields) {
+                for (key, value) in fields {
+                    line.entry(key).or_insert(value);
+                }
+            }
+        }
         if let Some(span) = ctx.lookup_current() {
             line.insert("span".into(), Value::String(span.name().to_owned()));
         }
@@ -373,6 +395,43 @@ mod tests {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::sink)
             .with_filter(EnvFilter::new(DEFAULT_LOG_FILTER))
+    }
+
+    /// Captured log output.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_json_line_carries_the_fields_of_its_spans() {
+        let out = Captured::default();
+        let writer = out.clone();
+        let layer = json_lines(move || writer.clone()).with_filter(EnvFilter::new("warn"));
+        let dispatch = subscriber(layer, None::<tracing_subscriber::layer::Identity>);
+        tracing::dispatcher::with_default(&dispatch, || {
+            let span = tracing::warn_span!(
+                "consume",
+                consumer = "ledger",
+                message_id = tracing::field::Empty
+            );
+            span.record("message_id", "m-1");
+            let _entered = span.enter();
+            tracing::warn!(consumer = "event's own", "dead-lettered");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["message_id"], "m-1", "{text}");
+        assert_eq!(line["consumer"], "event's own", "{text}");
+        assert_eq!(line["span"], "consume", "{text}");
     }
 
     #[test]

@@ -230,3 +230,44 @@ async fn a_long_subject_is_dead_lettered_whole_with_its_id(backend: Backend) {
 }
 
 on_backends!(a_long_subject_is_dead_lettered_whole_with_its_id: postgres, mysql);
+
+/// At the default log level (`warn`), a dead letter's line names its
+/// message and consumer, in text and in JSON (where the fields of the
+/// message's span are merged into the line): an operator can find the
+/// message from the log alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_letter_is_logged_with_its_message_id_and_consumer_at_the_default_level() {
+    for format in ["text", "json"] {
+        let (t, nats, js) = with_ledger_stream(Backend::Sqlite).await;
+        let env = crate::helpers::env(
+            &t.url,
+            &nats.url(),
+            &[("SEAWALL_LOG", ""), ("SEAWALL_LOG_FORMAT", format)],
+        );
+        let mut consume = crate::support::process::Seawall::spawn(&["consume"], &env);
+        let id = format!("unparsable-{format}");
+        publish_raw(&js, Some(&id), b"{not json").await;
+        wait_for_rows::<DeadLetter>(&t.db, 1, Duration::from_secs(60)).await;
+        wait_until(
+            "the dead letter's log line",
+            Duration::from_secs(30),
+            || async { consume.log_text().contains("dead-lettered") },
+        )
+        .await;
+        let log = consume.log_text();
+        let line = log.lines().find(|l| l.contains("dead-lettered")).unwrap();
+        match format {
+            "json" => {
+                let line: serde_json::Value = serde_json::from_str(line).unwrap();
+                assert_eq!(line["message_id"], id.as_str(), "{line}");
+                assert_eq!(line["consumer"], LEDGER_CONSUMER, "{line}");
+            }
+            _ => assert!(
+                line.contains(&format!("message_id={id}"))
+                    && line.contains(&format!("consumer={LEDGER_CONSUMER}")),
+                "{line}"
+            ),
+        }
+        assert!(consume.terminate().await.success(), "{log}");
+    }
+}

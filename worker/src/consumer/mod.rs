@@ -263,7 +263,11 @@ impl Consumer {
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         let headers = headers_of(&msg);
         let subject = self.original_subject(&msg, &headers);
-        let span = tracing::info_span!(
+        // At WARN, so that at the default log level every line logged while
+        // handling a message (a failure, a dead letter, a hold) carries its
+        // consumer and message id. One span per message costs little next
+        // to its transaction; the relay's per-event spans stay at INFO.
+        let span = tracing::warn_span!(
             "consume",
             consumer = %self.registration.consumer,
             subject = %subject,
@@ -277,7 +281,7 @@ impl Consumer {
                     .map(|envelope| envelope.redelivered(delivered > 1));
             let message_id = envelope.as_ref().ok().map(|e| e.message_id.to_string());
             if let Some(id) = &message_id {
-                tracing::Span::current().record("message_id", id.as_str());
+                tracing::Span::current().record("message_id", tracing::field::display(id));
             }
             let mut holds = 0;
             let mut resource = Resource::default();
