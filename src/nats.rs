@@ -41,7 +41,7 @@ pub async fn connect(url: &str) -> Result<async_nats::Client> {
         .connection_timeout(Duration::from_secs(5))
         .connect(servers(url)?)
         .await
-        .with_context(|| format!("connecting to NATS at {url}"))
+        .with_context(|| format!("connecting to NATS at {}", crate::config::redact(url)))
 }
 
 /// A connection made from the settings, with what the server reports on its
@@ -86,10 +86,12 @@ pub async fn connect_with(settings: &Settings, eventually: bool) -> Result<Conne
         options = options.connection_timeout(Duration::from_secs(5));
     }
     let url = &settings.nats_url;
-    let client = options
-        .connect(servers(url)?)
-        .await
-        .map_err(|err| explain(settings, &err).context(format!("connecting to NATS at {url}")))?;
+    let client = options.connect(servers(url)?).await.map_err(|err| {
+        explain(settings, &err).context(format!(
+            "connecting to NATS at {}",
+            crate::config::redact(url)
+        ))
+    })?;
     Ok(Connection {
         client,
         server_errors,

@@ -8,9 +8,11 @@
 
 mod checks;
 mod load;
+mod redact;
 mod service_links;
 
 pub use load::{DomainSettings, Loaded, NoSettings, load};
+pub use redact::redact;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -567,19 +569,5 @@ impl Settings {
         self.wal_slot
             .clone()
             .unwrap_or_else(|| worker::relay::wal::default_slot_name(&self.database_url))
-    }
-}
-
-/// Hides a password in a database URL before it is printed.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
     }
 }

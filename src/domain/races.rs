@@ -279,6 +279,6 @@ pub async fn open(url: Option<&str>) -> Result<(DatabaseConnection, Option<tempf
     };
     let db = service::db::connect(&url, 8)
         .await
-        .with_context(|| format!("connecting to {url}"))?;
+        .with_context(|| format!("connecting to {}", crate::config::redact(&url)))?;
     Ok((db, dir))
 }

@@ -309,3 +309,27 @@ fn a_metrics_address_that_is_not_one_stops_startup_naming_the_key() {
     let out = seawall(&["migrate"], &[("SEAWALL_METRICS_ADDR", "everywhere")]);
     fails_naming(&out, "metrics_addr");
 }
+
+/// A NATS URL's password (or token) never reaches the log or the error:
+/// start-up that cannot reach NATS names the URL with its secrets hidden.
+#[test]
+fn a_nats_password_is_not_printed_when_nats_cannot_be_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("n.db").display());
+    let nats = format!(
+        "nats://seawall:s3cret@127.0.0.1:{},nats://t0ken-s3cret@127.0.0.1:{}",
+        crate::support::free_port(),
+        crate::support::free_port()
+    );
+    let out = crate::support::testbed_output(
+        &["consume"],
+        &[
+            ("SEAWALL_DATABASE_URL", &url),
+            ("SEAWALL_NATS_URL", &nats),
+            ("SEAWALL_LOG", "info"),
+        ],
+    );
+    fails_naming(&out, "connecting to NATS at nats://seawall:***@127.0.0.1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
