@@ -5,6 +5,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::Response;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 
 use crate::AppState;
@@ -74,7 +76,10 @@ pub async fn require_token(
                 matched = Some(token);
             }
         }
-        let token = matched.ok_or(ApiError::Unauthorized)?;
+        let Some(token) = matched else {
+            refused(request.uri().path());
+            return Err(ApiError::Unauthorized);
+        };
         if token.access == Access::Read && !request.method().is_safe() {
             return Err(ApiError::Forbidden(format!(
                 "token {:?} is read-only; this call changes state",
@@ -85,6 +90,49 @@ pub async fn require_token(
     };
     request.extensions_mut().insert(identity);
     Ok(next.run(request).await)
+}
+
+/// Requests refused for a missing or unknown token since the last line
+/// logged about them, and when that line was.
+struct Refusals {
+    since_logged: u64,
+    logged_at: Option<Instant>,
+}
+
+static REFUSALS: Mutex<Refusals> = Mutex::new(Refusals {
+    since_logged: 0,
+    logged_at: None,
+});
+
+/// At most one log line about refused tokens per this long: someone
+/// guessing tokens must not also flood the log.
+const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts a request refused for its token (`seawall_api_auth_failures_total`)
+/// and logs it, the first at once and then at most one line per
+/// [`REFUSALS_LOGGED_EVERY`] saying how many were refused since: a guessing
+/// client, or a dashboard left open with a rotated token, shows in the log
+/// and on an alert without a line per request. The presented token is
+/// never logged.
+fn refused(path: &str) {
+    metrics::counter!("seawall_api_auth_failures_total").increment(1);
+    let Ok(mut refusals) = REFUSALS.lock() else {
+        return;
+    };
+    refusals.since_logged += 1;
+    if refusals
+        .logged_at
+        .is_some_and(|at| at.elapsed() < REFUSALS_LOGGED_EVERY)
+    {
+        return;
+    }
+    tracing::warn!(
+        refused = refusals.since_logged,
+        path,
+        "API request(s) refused: missing or unknown bearer token (logged at most every {REFUSALS_LOGGED_EVERY:?})"
+    );
+    refusals.since_logged = 0;
+    refusals.logged_at = Some(Instant::now());
 }
 
 /// Without a token the API listens on loopback only, but the operator's

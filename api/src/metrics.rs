@@ -127,6 +127,10 @@ fn describe() {
         metrics::Unit::Seconds,
         "Delay from when an event was written (its outbox row or WAL message; the broker's store time for messages from elsewhere) to when a consumer's handling committed, by consumer"
     );
+    metrics::describe_counter!(
+        "seawall_api_auth_failures_total",
+        "Admin API requests refused for a missing or unknown bearer token"
+    );
     metrics::describe_gauge!(
         "seawall_schema_unknown_migrations",
         "Migrations the database holds that this release does not know (a newer release's, during a rolling upgrade or after a rollback)"
@@ -143,6 +147,7 @@ fn describe() {
     metrics::counter!("seawall_dead_letters_total").increment(0);
     metrics::counter!("seawall_executor_exhausted_total").increment(0);
     metrics::counter!("seawall_claims_quarantined_total").increment(0);
+    metrics::counter!("seawall_api_auth_failures_total").increment(0);
 }
 
 /// Prometheus text: everything this process recorded, plus the table

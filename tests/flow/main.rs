@@ -11,6 +11,7 @@ mod helpers;
 mod journey;
 mod manifests;
 mod nats_secure;
+mod operate;
 mod otel;
 mod poison;
 mod probes;
