@@ -66,3 +66,79 @@ async fn a_payload_that_does_not_decode_is_rejected_and_nothing_is_written(backe
 }
 
 on_backends!(a_payload_that_does_not_decode_is_rejected_and_nothing_is_written: sqlite, postgres);
+
+/// The payload's next version: the field `memo` added, optional, so that
+/// it also decodes what the previous release still emits.
+#[derive(Debug, serde::Serialize, Deserialize)]
+struct DepositV2 {
+    account_id: String,
+    amount: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    memo: Option<String>,
+}
+
+/// Payloads evolve by adding optional fields (docs/operations.md, "Message
+/// payloads"): the previous release's consumer (the plain [`Deposit`],
+/// which does not deny unknown fields) handles a version-2 payload, and
+/// the new release's consumer handles what the previous release emits; a
+/// consumer that denied unknown fields would dead-letter every version-2
+/// message, which is why the rule exists.
+async fn a_version_one_consumer_handles_a_version_two_payload_and_back(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let inbox = Inbox::new(Executor::new(t.db.clone()));
+    let v2 = serde_json::to_string(&DepositV2 {
+        account_id: "a".into(),
+        amount: 5,
+        memo: Some("rent".into()),
+    })
+    .unwrap();
+    let v1 = from_fn(deposit);
+    let outcome = inbox
+        .process(
+            &envelope("v2-to-v1", &v2),
+            &ConsumerName::parse("deposit").unwrap(),
+            &v1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Processed(()));
+
+    async fn deposit_v2(ctx: &Ctx<'_>, Json(d): Json<DepositV2>) -> Result<(), HandlerError> {
+        add(ctx.txn(), &d.account_id, d.amount).await?;
+        Ok(())
+    }
+    let outcome = inbox
+        .process(
+            &envelope("v1-to-v2", r#"{"account_id":"a","amount":7}"#),
+            &ConsumerName::parse("deposit-v2").unwrap(),
+            &from_fn(deposit_v2),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Processed(()));
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Strict {
+        account_id: String,
+        amount: i64,
+    }
+    async fn strict(_ctx: &Ctx<'_>, Json(_): Json<Strict>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    let refused = inbox
+        .process(
+            &envelope("v2-to-strict", &v2),
+            &ConsumerName::parse("strict").unwrap(),
+            &from_fn(strict),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused.kind(), InboxErrorKind::Rejected(_)),
+        "{refused}"
+    );
+}
+
+on_backends!(a_version_one_consumer_handles_a_version_two_payload_and_back: sqlite);
