@@ -6,6 +6,7 @@ use testkit::on_backends;
 mod alerts;
 mod audit;
 mod browser;
+mod deployments;
 mod endpoints;
 mod harness;
 mod local;
