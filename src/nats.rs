@@ -26,7 +26,7 @@ pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>> {
         .map(|u| {
             u.trim()
                 .parse::<async_nats::ServerAddr>()
-                .with_context(|| format!("invalid NATS URL {u:?}"))
+                .with_context(|| format!("invalid NATS URL {:?}", crate::config::redact_servers(u)))
         })
         .collect()
 }
@@ -41,7 +41,12 @@ pub async fn connect(url: &str) -> Result<async_nats::Client> {
         .connection_timeout(Duration::from_secs(5))
         .connect(servers(url)?)
         .await
-        .with_context(|| format!("connecting to NATS at {}", crate::config::redact(url)))
+        .with_context(|| {
+            format!(
+                "connecting to NATS at {}",
+                crate::config::redact_servers(url)
+            )
+        })
 }
 
 /// A connection made from the settings, with what the server reports on its
@@ -89,7 +94,7 @@ pub async fn connect_with(settings: &Settings, eventually: bool) -> Result<Conne
     let client = options.connect(servers(url)?).await.map_err(|err| {
         explain(settings, &err).context(format!(
             "connecting to NATS at {}",
-            crate::config::redact(url)
+            crate::config::redact_servers(url)
         ))
     })?;
     Ok(Connection {

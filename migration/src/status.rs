@@ -12,7 +12,9 @@
 
 use std::collections::BTreeSet;
 
-use sea_orm_migration::sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, EntityTrait};
+use sea_orm_migration::sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, Statement,
+};
 use sea_orm_migration::{MigratorTrait, SchemaManager, seaql_migrations};
 
 use crate::Migrator;
@@ -73,13 +75,34 @@ pub(crate) async fn recorded<C: ConnectionTrait>(db: &C) -> Result<BTreeSet<Stri
 /// # Errors
 /// The database cannot be read.
 pub async fn status(db: &DatabaseConnection) -> Result<Status, DbErr> {
-    let table = Migrator::migration_table_name().to_string();
-    let recorded = if SchemaManager::new(db).has_table(&table).await? {
+    let recorded = if migration_table_exists(db).await? {
         recorded(db).await?
     } else {
         BTreeSet::new()
     };
     Ok(Status::of(&known(), &recorded))
+}
+
+/// Whether the migration table exists. On PostgreSQL asked of the catalog
+/// (`to_regclass`), not of `information_schema`, which lists only the
+/// tables the role may use: a role without rights on the table would read
+/// every migration as pending, and wait for ever, where reading the table
+/// tells it the permission it lacks.
+async fn migration_table_exists(db: &DatabaseConnection) -> Result<bool, DbErr> {
+    let table = Migrator::migration_table_name().to_string();
+    if db.get_database_backend() != DbBackend::Postgres {
+        return SchemaManager::new(db).has_table(&table).await;
+    }
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT to_regclass($1) IS NOT NULL AS found",
+            [table.into()],
+        ))
+        .await?;
+    Ok(row
+        .and_then(|r| r.try_get::<bool>("", "found").ok())
+        .unwrap_or(false))
 }
 
 #[cfg(test)]

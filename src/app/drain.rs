@@ -47,7 +47,10 @@ pub async fn drain_wal_slot(
         .await?
         .context("reading the current WAL position")?
         .try_get::<String>("", "lsn")?;
-    let app = Application::build(settings, Roles::RELAY, domain, db.clone(), None).await?;
+    let build = Application::build(settings, Roles::RELAY, domain, db.clone(), None);
+    let Some(app) = super::until_stopped(&stop, build).await? else {
+        anyhow::bail!("stopped before slot {slot} was drained; it is left as it was");
+    };
     let drained = stop.child_token();
     let watch = {
         let (db, slot, target, done) = (db.clone(), slot.clone(), target.clone(), drained.clone());

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 
-use super::connect_db;
+use super::{connect_db_waiting, wait_out_database};
 use crate::config::Settings;
 
 /// `seawall migrate`: applies the pending migrations and says what the
@@ -13,14 +13,22 @@ use crate::config::Settings;
 /// # Errors
 /// The database unreachable, or a migration failing.
 pub async fn migrate(settings: &Settings, status_only: bool) -> Result<()> {
-    let db = connect_db(&settings.database_url, settings.tool_pool_size()).await?;
+    // As a job during a rollout, it meets what start-up meets: a database
+    // restarting, or a lock held by the running release's traffic past
+    // the migration's lock timeout. Both are waited out, as start-up does.
+    let db = connect_db_waiting(
+        &settings.database_url,
+        settings.tool_pool_size(),
+        settings.sqlite(),
+    )
+    .await?;
     let url = crate::config::redact(&settings.database_url);
     let status = if status_only {
         migration::status(&db)
             .await
             .context("reading the applied migrations")?
     } else {
-        let status = migration::apply(&db).await.context("applying migrations")?;
+        let status = wait_out_database("applying migrations", || migration::apply(&db)).await?;
         println!("migrations applied to {url}");
         status
     };

@@ -87,6 +87,9 @@ pub(super) async fn ensure_schema(mode: Migrations, db: &DatabaseConnection) -> 
     Ok(())
 }
 
+/// What start-up says it does while it waits for the migration job.
+const WAITING_FOR_THE_JOB: &str = "waiting for the migration job (seawall migrate)";
+
 /// How often a process waiting for a migration job looks again.
 const MIGRATIONS_POLL: Duration = Duration::from_secs(1);
 
@@ -97,12 +100,10 @@ const MIGRATIONS_POLL: Duration = Duration::from_secs(1);
 async fn wait_for_migrations(db: &DatabaseConnection) -> Result<migration::Status> {
     let mut told: Option<Vec<String>> = None;
     loop {
-        let status =
-            wait_out_database("reading the applied migrations", || migration::status(db)).await?;
+        let status = wait_out_database(WAITING_FOR_THE_JOB, || migration::status(db)).await?;
         if status.pending.is_empty() {
             return Ok(status);
         }
-        now_doing("waiting for the migration job (seawall migrate)");
         if told.as_ref() != Some(&status.pending) {
             tracing::warn!(
                 pending = %status.pending.join(", "),

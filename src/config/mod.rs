@@ -12,7 +12,7 @@ mod redact;
 mod service_links;
 
 pub use load::{DomainSettings, Loaded, NoSettings, load};
-pub use redact::redact;
+pub use redact::{redact, redact_servers};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

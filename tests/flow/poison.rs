@@ -263,7 +263,7 @@ async fn a_dead_letter_is_logged_with_its_message_id_and_consumer_at_the_default
                 assert_eq!(line["consumer"], LEDGER_CONSUMER, "{line}");
             }
             _ => assert!(
-                line.contains(&format!("message_id={id}"))
+                line.contains(&format!("message_id=\"{id}\""))
                     && line.contains(&format!("consumer={LEDGER_CONSUMER}")),
                 "{line}"
             ),

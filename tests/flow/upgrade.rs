@@ -148,19 +148,38 @@ async fn hold_migration_lock(t: &TestDb) -> sea_orm::DatabaseTransaction {
             "SELECT pg_advisory_xact_lock({})",
             migration::POSTGRES_MIGRATION_LOCK
         ),
-        _ => format!("SELECT GET_LOCK('{}', 10)", migration::MYSQL_MIGRATION_LOCK),
+        _ => format!(
+            "SELECT GET_LOCK({}, 10) AS taken",
+            migration::MYSQL_MIGRATION_LOCK
+        ),
     };
-    txn.execute_unprepared(&sql).await.unwrap();
+    let row = txn
+        .query_one_raw(Statement::from_string(t.db.get_database_backend(), sql))
+        .await
+        .unwrap()
+        .unwrap();
+    if t.backend == Backend::MySql {
+        assert_eq!(
+            row.try_get::<i64>("", "taken").unwrap(),
+            1,
+            "the test holds the lock"
+        );
+    }
     txn
 }
 
 /// Whether a session waits for the migration lock.
 async fn someone_waits_for_the_lock(t: &TestDb) -> bool {
     let sql = match t.backend {
+        // This test's database only: other tests run migrations meanwhile.
         Backend::Postgres => {
-            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         }
-        _ => "SELECT count(*) AS n FROM information_schema.processlist WHERE state = 'User lock'",
+        _ => {
+            "SELECT count(*) AS n FROM information_schema.processlist \
+             WHERE state = 'User lock' AND db = DATABASE()"
+        }
     };
     let row =
         t.db.query_one_raw(Statement::from_string(t.db.get_database_backend(), sql))
@@ -198,7 +217,7 @@ async fn a_sigterm_mid_migration_stops_it_and_it_applies_again_cleanly(backend: 
     );
     if backend == Backend::MySql {
         // A session's lock outlives its transaction.
-        let release = format!("DO RELEASE_LOCK('{}')", migration::MYSQL_MIGRATION_LOCK);
+        let release = format!("DO RELEASE_LOCK({})", migration::MYSQL_MIGRATION_LOCK);
         held.execute_unprepared(&release).await.unwrap();
     }
     held.rollback().await.unwrap();
@@ -215,3 +234,30 @@ async fn a_sigterm_mid_migration_stops_it_and_it_applies_again_cleanly(backend: 
     );
 }
 on_backends!(a_sigterm_mid_migration_stops_it_and_it_applies_again_cleanly: postgres, mysql);
+
+/// `SEAWALL_MIGRATIONS=wait`: a SIGTERM while the process waits for the
+/// migration job (inside `seawall::app::serve`'s start-up) ends it at once,
+/// naming the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sigterm_while_waiting_for_the_migration_job_ends_the_process_naming_the_wait() {
+    let t = TestDb::empty(Backend::Postgres).await;
+    let nats = NatsServer::start().await;
+    let env = env(&t.url, &nats.url(), &[("SEAWALL_MIGRATIONS", "wait")]);
+    let mut consume = Seawall::spawn(&["consume"], &env);
+    wait_until(
+        "the consumer waits for the migration job",
+        Duration::from_secs(60),
+        || async { consume.log_text().contains("waiting for migrations") },
+    )
+    .await;
+    let status = tokio::time::timeout(STOPS_WITHIN, consume.terminate())
+        .await
+        .unwrap_or_else(|_| panic!("still running after SIGTERM: {}", consume.log_text()));
+    let log = consume.log_text();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("stopped by a signal during start-up")
+            && log.contains("waiting for the migration job"),
+        "{log}"
+    );
+}

@@ -59,9 +59,12 @@ async fn run(stop: CancellationToken) -> Result<()> {
             .arm_fault(&fault)
             .map_err(|e| anyhow::anyhow!("TESTBED_FAULT: {e}"))?;
     }
-    if seawall::app::until_stopped(&stop, ledger_tables(&settings))
-        .await?
-        .is_none()
+    // Waiting for the migration job, a role changes no schema: the job
+    // (`migrate`) makes the ledger's tables too.
+    if settings.migrations == seawall::config::Migrations::Apply
+        && seawall::app::until_stopped(&stop, ledger_tables(&settings))
+            .await?
+            .is_none()
     {
         return Ok(());
     }

@@ -281,7 +281,9 @@ impl Consumer {
                     .map(|envelope| envelope.redelivered(delivered > 1));
             let message_id = envelope.as_ref().ok().map(|e| e.message_id.to_string());
             if let Some(id) = &message_id {
-                tracing::Span::current().record("message_id", tracing::field::display(id));
+                // Quoted in text logs: an id is the producer's text, and may
+                // hold spaces or `consumer=` of its own.
+                tracing::Span::current().record("message_id", id.as_str());
             }
             let mut holds = 0;
             let mut resource = Resource::default();
