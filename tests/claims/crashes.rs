@@ -382,3 +382,63 @@ async fn a_receiver_down_for_a_while_gets_every_event_once_it_is_back() {
     assert_eq!(quarantined, 0);
     p.assert_no_panic();
 }
+
+/// A delivery that meets another instance's claim waits for it (holding
+/// the delivery) instead of spending itself: the effect's message still
+/// gets all its deliveries. The first process dies with its webhook call
+/// in flight; the second meets its claim until the lease ends, takes it
+/// over and fails (the receiver answers 500), and so on. With the wait
+/// spent as a delivery, the message was dead-lettered after two calls of
+/// its three deliveries.
+async fn a_delivery_waiting_for_another_instances_claim_is_not_spent(backend: Backend) {
+    let (t, nats, js) = setup(backend).await;
+    let hook = WebhookServer::start(Duration::from_millis(1500), 500).await;
+    let cfg = [
+        ("SEAWALL_ACK_WAIT_MS", "300"),
+        ("SEAWALL_MAX_DELIVER", "3"),
+        ("SEAWALL_CLAIM_LEASE_MS", "3000"),
+        ("SEAWALL_MAX_HANDLING_MS", "3000"),
+        ("SEAWALL_CLAIM_MAX_ATTEMPTS", "10"),
+    ];
+    let mut a = consume(&t.url, &nats, &hook, &cfg);
+    publish_event(&js, "evt-held").await;
+    wait_until(
+        "the first call to arrive",
+        Duration::from_secs(30),
+        || async { hook.total_calls() == 1 },
+    )
+    .await;
+    a.kill9().await;
+    let mut b = consume(&t.url, &nats, &hook, &cfg);
+    wait_until("the dead letter", Duration::from_secs(60), || async {
+        dead_letter::Entity::find()
+            .filter(dead_letter::Column::MessageId.eq("evt-held"))
+            .one(&t.db)
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let letter = dead_letter::Entity::find()
+        .filter(dead_letter::Column::MessageId.eq("evt-held"))
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(letter.deliveries, 3, "{letter:?}");
+    assert!(
+        b.log_text().contains("claim held by another instance"),
+        "the second process met the claim: {}",
+        b.log_text()
+    );
+    assert_eq!(
+        hook.total_calls(),
+        3,
+        "a call per delivery: {:?}\n{}",
+        hook.calls(),
+        b.log_text()
+    );
+    assert!(b.terminate().await.success());
+    b.assert_no_panic();
+}
+on_backends!(a_delivery_waiting_for_another_instances_claim_is_not_spent: sqlite, postgres);

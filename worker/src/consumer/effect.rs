@@ -54,7 +54,7 @@ impl Claimer<'_> {
                 let wait = (lease_until - Utc::now()).to_std().unwrap_or_default();
                 tracing::info!(
                     ?wait,
-                    "claim held by another instance; nak until its lease ends"
+                    "claim held by another instance; holding the delivery until it finishes or its lease ends"
                 );
                 return Step::Handled(Handled::Held(wait.max(Duration::from_millis(50))));
             }
@@ -104,7 +104,7 @@ impl Claimer<'_> {
             // message must not be settled here: should that instance die
             // too, a redelivery is what takes the claim over.
             Err(err) if matches!(err.kind(), ClaimErrorKind::LeaseLost) => {
-                tracing::info!(error = %err, "claim taken over while the effect ran; nak until the other lease ends");
+                tracing::info!(error = %err, "claim taken over while the effect ran; holding the delivery until the other instance finishes or its lease ends");
                 Handled::Held(self.policy.lease)
             }
             // Quarantined meanwhile: its dead letter is written.

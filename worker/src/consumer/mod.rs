@@ -45,7 +45,7 @@ mod setup;
 
 pub use setup::ConsumerError;
 
-use hold::Resource;
+use hold::{Next, Waits};
 use outage::Outage;
 use settle::Handled;
 
@@ -285,8 +285,7 @@ impl Consumer {
                 // hold spaces or `consumer=` of its own.
                 tracing::Span::current().record("message_id", id.as_str());
             }
-            let mut holds = 0;
-            let mut resource = Resource::default();
+            let mut waits = Waits::default();
             loop {
                 if !self.wait_for_database(&msg).await {
                     tracing::info!(
@@ -294,7 +293,7 @@ impl Consumer {
                     );
                     break;
                 }
-                let mut handled = match &envelope {
+                let handled = match &envelope {
                     Ok(envelope) => {
                         let started = std::time::Instant::now();
                         let handled = self.decide(&msg, envelope, delivered).await;
@@ -307,49 +306,11 @@ impl Consumer {
                         permanent: true,
                     },
                 };
-                if let Handled::Outage(reason) = &handled {
-                    holds += 1;
-                    if holds > MAX_HOLDS {
-                        // The database answers the probe yet the failure
-                        // recurs (a read-only database that is no standby,
-                        // or something of the message's own): held with
-                        // patience, like a resource failure.
-                        handled = Handled::Resource(
-                            format!("{reason} (recurring {holds} times while the database answered)"),
-                            None,
-                        );
-                    }
-                }
-                if let Handled::Resource(reason, retry_after) = &handled {
-                    let since = *resource.since.get_or_insert_with(tokio::time::Instant::now);
-                    if since.elapsed() >= self.config.infra_patience {
-                        handled = Handled::failed(format!(
-                            "{reason} (failing for longer than the infra patience, {:?})",
-                            self.config.infra_patience
-                        ));
-                    } else {
-                        resource.holds += 1;
-                        if resource.holds == 1 {
-                            tracing::warn!(error = reason, "the database or the effect's target cannot do the work now; holding the delivery and trying again");
-                        }
-                        let waited = match retry_after {
-                            // At least as long as the target asked, within
-                            // what is left of the patience (the message must
-                            // still be in the stream when it gives up).
-                            Some(after) => {
-                                let left = self.config.infra_patience.saturating_sub(since.elapsed());
-                                let pause = self.resource_pause(resource.holds).max(*after).min(left);
-                                self.hold_for(&msg, pause).await
-                            }
-                            None => self.hold(&msg, Blame::Resource, resource.holds).await,
-                        };
-                        if !waited {
-                            tracing::info!("stopping while the database cannot do the work; the delivery will be redelivered");
-                            break;
-                        }
-                        continue;
-                    }
-                }
+                let handled = match self.hold_or_settle(&msg, handled, &mut waits).await {
+                    Next::Again => continue,
+                    Next::Stop => break,
+                    Next::Settle(handled) => handled,
+                };
                 let settled = self
                     .settle(
                         &msg,

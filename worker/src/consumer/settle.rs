@@ -30,8 +30,9 @@ pub(super) enum Handled {
         /// constraint): dead-letter now.
         permanent: bool,
     },
-    /// Another instance holds its claim: look again after this long. Not a
-    /// failure.
+    /// Another instance holds its claim: look again after at most this long
+    /// (the rest of its lease). Not a failure: the delivery is held meanwhile
+    /// (`Consumer::hold_or_settle`), and nak'ed only past the infra patience.
     Held(Duration),
     /// Its claim is quarantined: a person decides; the dead letter exists.
     Parked,
