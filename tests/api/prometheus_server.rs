@@ -157,17 +157,10 @@ impl Prometheus {
 
     /// Active alerts as (name, state) pairs.
     pub(crate) async fn alerts(&self) -> BTreeSet<(String, String)> {
-        self.get("/api/v1/alerts", &[])
+        self.active_in()
             .await
-            .and_then(|d| d["alerts"].as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .map(|a| {
-                (
-                    a["labels"]["alertname"].as_str().unwrap_or("").to_owned(),
-                    a["state"].as_str().unwrap_or("").to_owned(),
-                )
-            })
+            .into_iter()
+            .map(|(name, _, state)| (name, state))
             .collect()
     }
 

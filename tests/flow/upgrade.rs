@@ -113,19 +113,14 @@ async fn a_process_waits_for_the_migration_job_and_serves_once_it_ran() {
     consume.assert_no_panic();
 }
 
-/// Start-up waits up to a minute for a database that refuses connections;
-/// a SIGTERM meanwhile ends the process at once, and its log names what it
-/// interrupted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_sigterm_while_start_up_waits_for_the_database_ends_it_at_once() {
-    let url = format!("postgres://postgres@127.0.0.1:{}/nowhere", free_port());
-    let env = env(&url, "nats://127.0.0.1:1", &[]);
-    let mut consume = Seawall::spawn(&["consume"], &env);
-    wait_until(
-        "start-up connects to the database",
-        Duration::from_secs(30),
-        || async { consume.log_text().contains("connecting to the database") },
-    )
+/// Starts `consume` with `env`, waits for its log to show `waiting`, sends
+/// SIGTERM and asserts that start-up ended at once and cleanly, its log
+/// naming `interrupted`.
+async fn sigterm_during_start_up(env: &[(&'static str, String)], waiting: &str, interrupted: &str) {
+    let mut consume = Seawall::spawn(&["consume"], env);
+    wait_until(waiting, Duration::from_secs(60), || async {
+        consume.log_text().contains(waiting)
+    })
     .await;
     let status = tokio::time::timeout(STOPS_WITHIN, consume.terminate())
         .await
@@ -133,10 +128,24 @@ async fn a_sigterm_while_start_up_waits_for_the_database_ends_it_at_once() {
     let log = consume.log_text();
     assert!(status.success(), "{log}");
     assert!(
-        log.contains("stopped by a signal during start-up")
-            && log.contains("connecting to the database"),
+        log.contains("stopped by a signal during start-up") && log.contains(interrupted),
         "{log}"
     );
+}
+
+/// Start-up waits up to a minute for a database that refuses connections;
+/// a SIGTERM meanwhile ends the process at once, and its log names what it
+/// interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sigterm_while_start_up_waits_for_the_database_ends_it_at_once() {
+    let url = format!("postgres://postgres@127.0.0.1:{}/nowhere", free_port());
+    let env = env(&url, "nats://127.0.0.1:1", &[]);
+    sigterm_during_start_up(
+        &env,
+        "connecting to the database",
+        "connecting to the database",
+    )
+    .await;
 }
 
 /// Holds the migration lock of `backend` on a connection of the test's
@@ -243,21 +252,10 @@ async fn a_sigterm_while_waiting_for_the_migration_job_ends_the_process_naming_t
     let t = TestDb::empty(Backend::Postgres).await;
     let nats = NatsServer::start().await;
     let env = env(&t.url, &nats.url(), &[("SEAWALL_MIGRATIONS", "wait")]);
-    let mut consume = Seawall::spawn(&["consume"], &env);
-    wait_until(
-        "the consumer waits for the migration job",
-        Duration::from_secs(60),
-        || async { consume.log_text().contains("waiting for migrations") },
+    sigterm_during_start_up(
+        &env,
+        "waiting for migrations",
+        "waiting for the migration job",
     )
     .await;
-    let status = tokio::time::timeout(STOPS_WITHIN, consume.terminate())
-        .await
-        .unwrap_or_else(|_| panic!("still running after SIGTERM: {}", consume.log_text()));
-    let log = consume.log_text();
-    assert!(status.success(), "{log}");
-    assert!(
-        log.contains("stopped by a signal during start-up")
-            && log.contains("waiting for the migration job"),
-        "{log}"
-    );
 }
