@@ -394,7 +394,7 @@ async fn a_delivery_waiting_for_another_instances_claim_is_not_spent(backend: Ba
     let (t, nats, js) = setup(backend).await;
     let hook = WebhookServer::start(Duration::from_millis(1500), 500).await;
     let cfg = [
-        ("SEAWALL_ACK_WAIT_MS", "300"),
+        ("SEAWALL_ACK_WAIT_MS", "1000"),
         ("SEAWALL_MAX_DELIVER", "3"),
         ("SEAWALL_CLAIM_LEASE_MS", "3000"),
         ("SEAWALL_MAX_HANDLING_MS", "3000"),

@@ -233,7 +233,14 @@ impl Consumer {
     /// Holds the delivery for `pause` (in-progress acks), as
     /// [`Consumer::hold_for`] without counting a resource hold; `false`
     /// when the consumer is stopping.
+    ///
+    /// The first in-progress ack goes out at once: holds start short (0.1 s)
+    /// and [`Consumer::keep_alive`] sends its first one only after half an
+    /// ack wait, so a run of short holds, each with a try between them,
+    /// would otherwise send none and let the ack wait run out (the
+    /// delivery then races its own redelivery).
     async fn hold_quietly(&self, msg: &jetstream::Message, pause: Duration) -> bool {
+        progress(msg).await;
         tokio::select! {
             () = self.stopping.cancelled() => false,
             _ = self.keep_alive(msg, tokio::time::sleep(pause), None) => true,
