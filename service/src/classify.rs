@@ -133,6 +133,19 @@ pub fn is_aborted_transaction(err: &DbErr) -> bool {
     )
 }
 
+/// True when `err` is a PostgreSQL deadlock, lock timeout or statement
+/// timeout (SQLSTATE `40P01`, `55P03`, `57014`): PostgreSQL aborts the
+/// statement's (sub)transaction only, so rolling back to a savepoint made
+/// before it leaves the rest of the transaction as it was. (InnoDB rolls a
+/// deadlocked transaction back whole; SQLite has neither.)
+pub fn is_confined_to_statement(err: &DbErr) -> bool {
+    matches!(
+        shape_of(err),
+        ErrorShape::Database { backend: Engine::Postgres, code: Some(code), .. }
+            if matches!(code.as_str(), "40P01" | "55P03" | "57014")
+    )
+}
+
 const OUTAGE_CONNECTION: &str = "connection";
 const OUTAGE_RESTART: &str = "server_restart";
 const OUTAGE_READ_ONLY: &str = "read_only";

@@ -65,19 +65,50 @@ pub trait Unit<T>: Send + Sync {
         false
     }
 
-    /// Sets the savepoint `savepoint` on `txn` and runs the unit there (a
-    /// batch's unit, [`crate::group`]). A unit whose first statement can
-    /// carry the `SAVEPOINT` sends both in one round trip instead.
+    /// Sets `savepoint` on `txn` and runs the unit there (a batch's unit,
+    /// [`crate::group`]). A unit whose first statement can carry the
+    /// savepoint's statement sends both in one round trip instead.
     fn run_after_savepoint<'a>(
         &'a self,
         txn: &'a DatabaseTransaction,
-        savepoint: &'a str,
+        savepoint: &'a Savepoint,
     ) -> BoxFuture<'a, Result<T, HandlerError>> {
         Box::pin(async move {
-            txn.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
-                .await?;
+            txn.execute_unprepared(&savepoint.statement()).await?;
             self.run(txn).await
         })
+    }
+}
+
+/// The savepoint a batch's unit runs under ([`crate::group`]), with what
+/// the batch runs just before it: on PostgreSQL, the batch's isolation
+/// level before its first unit and a reset of what the unit before left
+/// set for the rest of the transaction before the others. Sent in one
+/// round trip with the savepoint, so they cost none of their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Savepoint {
+    name: String,
+    prelude: Option<&'static str>,
+}
+
+impl Savepoint {
+    /// The savepoint `name`, made after the statements of `prelude` (if any).
+    pub(crate) fn new(name: String, prelude: Option<&'static str>) -> Self {
+        Self { name, prelude }
+    }
+
+    /// Its name, for `ROLLBACK TO`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The statements that make it: the prelude, then `SAVEPOINT`. The
+    /// text is the platform's own (no value of a message's in it).
+    pub fn statement(&self) -> String {
+        match self.prelude {
+            Some(prelude) => format!("{prelude}; SAVEPOINT {}", self.name),
+            None => format!("SAVEPOINT {}", self.name),
+        }
     }
 }
 
@@ -225,7 +256,9 @@ impl Executor {
     /// (see [`crate::group`]): READ COMMITTED, so a unit that joins late
     /// sees what other transactions committed before it, as its own
     /// transaction would have; `None` when the executor asks for a stricter
-    /// level, which a shared transaction cannot give each unit.
+    /// level, which a shared transaction cannot give each unit. On MySQL
+    /// the level is set here (before `BEGIN`); on PostgreSQL the batch sets
+    /// it with its first unit's savepoint, sparing a round trip.
     pub(crate) fn batch_options(&self) -> Option<TransactionOptions> {
         match self.options.isolation_level {
             Some(IsolationLevel::RepeatableRead | IsolationLevel::Serializable) => None,

@@ -19,7 +19,7 @@
 //!   rejection, failure or panic rolls back to the unit's savepoint; the
 //!   others commit.
 //! - **A batch that breaks falls back, message by message.** A unit that
-//!   meets a transient, resource or connection error, a savepoint that
+//!   meets a transient, resource or connection error (but see below), a savepoint that
 //!   cannot be rolled back to (MySQL rolls a deadlocked transaction back
 //!   whole), a member cancelled mid-unit, and a failed or lost `COMMIT` end
 //!   the batch without its work: every unit that had succeeded runs again
@@ -30,11 +30,28 @@
 //! - **Nothing is acknowledged before its commit.** A unit's result is
 //!   returned only once its batch committed (or once it ran alone), and the
 //!   consumer acks after [`crate::Inbox::process`] returns.
-//! - **Isolation as without batching.** A batch's units see each other's
-//!   writes, as later transactions would. A batch runs at READ COMMITTED (on
-//!   MySQL too, whose default would fix one snapshot for every unit that
-//!   joins later and hide what other batches committed meanwhile); an
-//!   executor set to REPEATABLE READ or SERIALIZABLE does not batch.
+//! - **A unit's transaction is as its own would be.** A batch's units see
+//!   each other's writes, as later transactions would. A batch runs at READ
+//!   COMMITTED on every backend, whatever the server's default (REPEATABLE
+//!   READ would fix one snapshot for every unit that joins later and hide
+//!   what other transactions committed meanwhile); an executor set to
+//!   REPEATABLE READ or SERIALIZABLE does not batch. On PostgreSQL, what a
+//!   unit set for the rest of the transaction (`SET LOCAL`,
+//!   `set_config(.., true)`, `SET LOCAL ROLE`) is reset before the next unit
+//!   and before the `COMMIT`, which therefore always runs with the
+//!   session's `synchronous_commit`. What cannot be reset (a temporary
+//!   table `ON COMMIT DROP`, an advisory lock held to the transaction's end)
+//!   lasts to the batch's end: a consumer whose handler relies on those
+//!   registers without batching.
+//! - **A deadlock is the unit's own (PostgreSQL).** A unit that meets a
+//!   deadlock, lock timeout or statement timeout rolls back to its
+//!   savepoint, which PostgreSQL confines the error to; the batch goes on
+//!   and that unit alone runs again, through the executor, after it.
+//! - **A transaction that vanished is noticed.** Before `COMMIT` the batch
+//!   releases its first unit's savepoint, which fails once the transaction
+//!   was rolled back whole behind a handler that swallowed the error (an
+//!   InnoDB deadlock, a full SQLite disk, a PostgreSQL error): every unit
+//!   then runs again alone.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -46,9 +63,9 @@ use futures::FutureExt;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
 use tokio::sync::{Mutex, watch};
 
-use crate::classify::{Failure, classify};
+use crate::classify::{Failure, classify, is_confined_to_statement};
 use crate::error::HandlerError;
-use crate::executor::{Executor, Unit, panic_message};
+use crate::executor::{Executor, Savepoint, Unit, panic_message};
 use crate::rollup::{self, Tally};
 
 /// How long a unit waits to join a lane's batch before it tries the next
@@ -66,6 +83,22 @@ const PATIENCE: Duration = Duration::from_millis(20);
 /// slowdown for the whole server. Savepoints a unit's handler makes count
 /// too, so the cap leaves room for some.
 pub const MAX_BATCH: usize = 32;
+
+/// On PostgreSQL, with a batch's first unit: the batch's isolation level
+/// (see [`Executor::batch_options`]), whatever the server's or the role's
+/// default. A later unit would otherwise read, under REPEATABLE READ, the
+/// snapshot the first one took, and miss what was committed meanwhile.
+const PG_READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// On PostgreSQL, before every unit after the first and before the
+/// batch's `COMMIT`: undoes what the unit before set for the rest of the
+/// transaction (`SET LOCAL`, `set_config(.., true)`, `SET LOCAL ROLE`),
+/// which releasing its savepoint would keep. Without it the next message's
+/// handler would run as the tenant the last one chose, and a unit's
+/// `SET LOCAL synchronous_commit = off` would make the whole batch's
+/// commit non-durable. Settings return to the session's values (the
+/// server's, database's, role's or connection's defaults).
+const PG_RESET: &str = "RESET ALL; RESET ROLE";
 
 /// How a unit that joined a batch ended.
 pub enum Joined<T> {
@@ -132,6 +165,9 @@ struct Batch {
     /// the batch to end (see [`Abandon`]).
     abandoned: Arc<AtomicBool>,
     end: watch::Sender<Option<bool>>,
+    backend: sea_orm::DbBackend,
+    /// Whether the first unit sets the isolation level ([`PG_READ_COMMITTED`]).
+    sets_level: bool,
 }
 
 impl Group {
@@ -222,6 +258,7 @@ impl Group {
         if open.is_none() {
             match executor.db().begin_with_options(options).await {
                 Ok(txn) => {
+                    let backend = executor.backend();
                     *open = Some(Batch {
                         txn,
                         units: 0,
@@ -231,6 +268,9 @@ impl Group {
                         broken: false,
                         abandoned: Arc::default(),
                         end: watch::channel(None).0,
+                        backend,
+                        sets_level: backend == sea_orm::DbBackend::Postgres
+                            && options.isolation_level.is_none(),
                     });
                 }
                 Err(_) => {
@@ -245,10 +285,14 @@ impl Group {
         batch.units += 1;
         let mut end = batch.end.subscribe();
         let mut abandon = Abandon(Some(batch.abandoned.clone()));
-        let (result, recovered) = in_savepoint(&batch.txn, unit, batch.units).await;
+        let savepoint = batch.savepoint(batch.units);
+        let (result, recovered) = in_savepoint(&batch.txn, unit, &savepoint).await;
         std::mem::forget(taint);
         match &result {
             Ok(_) => batch.processed += 1,
+            // A deadlock or a timeout on PostgreSQL ends at the savepoint:
+            // the batch goes on, and this unit alone runs again after it.
+            Err(HandlerError::Database(err)) if recovered && is_confined_to_statement(err) => {}
             Err(HandlerError::Database(err)) if breaks_batch(err) => batch.broken = true,
             Err(_) => {}
         }
@@ -292,6 +336,17 @@ impl Group {
 }
 
 impl Batch {
+    /// The savepoint of its `n`-th unit (from 1), made with what must run
+    /// before that unit (see [`PG_READ_COMMITTED`], [`PG_RESET`]).
+    fn savepoint(&self, n: usize) -> Savepoint {
+        let prelude = match (self.backend, n) {
+            (sea_orm::DbBackend::Postgres, 1) => self.sets_level.then_some(PG_READ_COMMITTED),
+            (sea_orm::DbBackend::Postgres, _) => Some(PG_RESET),
+            _ => None,
+        };
+        Savepoint::new(unit_savepoint(n), prelude)
+    }
+
     /// Commits the batch, or rolls it back when it broke, and tells its
     /// members which.
     async fn close(self, lane: &Lane, executor: &Executor) {
@@ -304,7 +359,7 @@ impl Batch {
             false
         } else {
             let markers = if self.markers { self.processed } else { 0 };
-            match commit(self.txn, markers).await {
+            match commit(self.txn, self.backend, markers).await {
                 Ok(()) => true,
                 Err(err) => {
                     tracing::warn!(units, error = %err, "an inbox batch did not commit; its messages run again one by one");
@@ -322,20 +377,36 @@ impl Batch {
     }
 }
 
-/// Adds the batch's `markers` to the minute's count and commits.
+/// Proves the transaction is still the one the batch's units ran in, adds
+/// the batch's `markers` to the minute's count and commits.
 ///
-/// A statement always runs before the `COMMIT`: on PostgreSQL a `COMMIT`
-/// of a transaction a unit left aborted (a handler that swallowed a
-/// database error and returned `Ok`) answers `ROLLBACK` without an error,
-/// and would report work that vanished as committed. The count is that
-/// statement when there are markers; otherwise a bare `SELECT 1`.
-async fn commit(txn: DatabaseTransaction, markers: u64) -> Result<(), DbErr> {
-    if markers > 0 {
-        rollup::add(&txn, Tally::Processed, Utc::now(), markers).await?;
-    } else {
-        txn.execute_unprepared("SELECT 1").await?;
-    }
+/// The proof is a `RELEASE` of the first unit's savepoint (which a
+/// `ROLLBACK TO` keeps): it fails once the transaction is gone or
+/// aborted, and the units then run again alone. A handler that swallowed a
+/// database error can leave it so: PostgreSQL aborts the transaction (its
+/// `COMMIT` would answer `ROLLBACK` without an error); InnoDB rolls a
+/// deadlocked one back whole and SQLite one that met a full disk, and the
+/// statements after that commit one by one, so the `COMMIT` would succeed
+/// with the units before it lost. On PostgreSQL [`PG_RESET`] goes first,
+/// so the commit runs with the session's `synchronous_commit`.
+async fn commit(
+    txn: DatabaseTransaction,
+    backend: sea_orm::DbBackend,
+    markers: u64,
+) -> Result<(), DbErr> {
+    let release = format!("RELEASE SAVEPOINT {}", unit_savepoint(1));
+    let proof = match backend {
+        sea_orm::DbBackend::Postgres => format!("{PG_RESET}; {release}"),
+        _ => release,
+    };
+    txn.execute_unprepared(&proof).await?;
+    rollup::add(&txn, Tally::Processed, Utc::now(), markers).await?;
     txn.commit().await
+}
+
+/// The name of the savepoint of a batch's `n`-th unit (from 1).
+fn unit_savepoint(n: usize) -> String {
+    format!("seawall_unit_{n}")
 }
 
 async fn rollback(txn: DatabaseTransaction) {
@@ -344,9 +415,9 @@ async fn rollback(txn: DatabaseTransaction) {
     }
 }
 
-/// Runs `unit` under the savepoint `seawall_unit_<n>` of `txn`, rolled
-/// back to on failure or panic. The second value is `false` when the
-/// savepoint could not be rolled back to: the transaction is unusable.
+/// Runs `unit` under `savepoint` of `txn`, rolled back to on failure or
+/// panic. The second value is `false` when the savepoint could not be
+/// rolled back to: the transaction is unusable.
 ///
 /// A savepoint that succeeded is not released: the batch's commit ends it
 /// with the rest, and a `RELEASE` would cost each unit a round trip. Each
@@ -357,13 +428,12 @@ async fn rollback(txn: DatabaseTransaction) {
 async fn in_savepoint<T, U>(
     txn: &DatabaseTransaction,
     unit: &U,
-    n: usize,
+    savepoint: &Savepoint,
 ) -> (Result<T, HandlerError>, bool)
 where
     U: Unit<T> + ?Sized,
 {
-    let savepoint = format!("seawall_unit_{n}");
-    let result = match AssertUnwindSafe(unit.run_after_savepoint(txn, &savepoint))
+    let result = match AssertUnwindSafe(unit.run_after_savepoint(txn, savepoint))
         .catch_unwind()
         .await
     {
@@ -374,7 +444,7 @@ where
         Ok(value) => (Ok(value), true),
         Err(err) => {
             let recovered = txn
-                .execute_unprepared(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+                .execute_unprepared(&format!("ROLLBACK TO SAVEPOINT {}", savepoint.name()))
                 .await
                 .is_ok();
             (Err(err), recovered)

@@ -23,7 +23,7 @@ use entity::inbox_message;
 use crate::classify::{Failure, classify};
 use crate::envelope::{ConsumerName, Envelope};
 use crate::error::{HandlerError, InboxError, InboxErrorKind};
-use crate::executor::{Executor, Unit};
+use crate::executor::{Executor, Savepoint, Unit};
 use crate::group::{Group, Joined};
 use crate::handler::{Ctx, Handle};
 use crate::outbox::Outbox;
@@ -104,6 +104,13 @@ impl Inbox {
     /// [`Inbox::with_batching`]), for a group with settings of its own.
     pub fn with_group(mut self, group: Group) -> Self {
         self.group = Some(Arc::new(group.counting_markers()));
+        self
+    }
+
+    /// This inbox without group commit: each message commits on its own
+    /// (a consumer registered with [`crate::Registry::unbatched`]).
+    pub fn without_batching(mut self) -> Self {
+        self.group = None;
         self
     }
 
@@ -241,17 +248,16 @@ where
     fn run_after_savepoint<'a>(
         &'a self,
         txn: &'a DatabaseTransaction,
-        savepoint: &'a str,
+        savepoint: &'a Savepoint,
     ) -> BoxFuture<'a, Result<T, HandlerError>> {
         Box::pin(async move {
             if txn.get_database_backend() != DbBackend::Postgres {
-                txn.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
-                    .await?;
+                txn.execute_unprepared(&savepoint.statement()).await?;
                 return self.run(txn).await;
             }
             let marker = QueryTrait::as_query(&marker_insert(self.envelope, self.consumer))
                 .to_string(PostgresQueryBuilder);
-            txn.execute_unprepared(&format!("SAVEPOINT {savepoint}; {marker}"))
+            txn.execute_unprepared(&format!("{}; {marker}", savepoint.statement()))
                 .await?;
             self.handle(txn).await
         })

@@ -61,7 +61,7 @@ pub mod wal;
 pub use backoff::Backoff;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError, InboxErrorKind};
-pub use executor::{Executor, RetryPolicy, Unit, panic_message};
+pub use executor::{Executor, RetryPolicy, Savepoint, Unit, panic_message};
 pub use handler::{Ctx, FromPayload, Handle, Json, handler};
 pub use inbox::{FastPath, Inbox, Outcome};
 pub use outbox::{EventError, NewEvent, Outbox, OutboxError, OutboxMode};

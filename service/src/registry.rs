@@ -47,6 +47,9 @@ pub struct Registration {
     pub subject: String,
     /// The handler.
     pub kind: HandlerKind,
+    /// Whether its messages may share a transaction with others (group
+    /// commit, when the process batches); see [`Registry::unbatched`].
+    pub batched: bool,
 }
 
 impl std::fmt::Debug for Registration {
@@ -136,6 +139,7 @@ impl Registry {
             consumer,
             subject: subject.into(),
             kind: HandlerKind::Transaction(handler),
+            batched: true,
         });
         self
     }
@@ -156,7 +160,23 @@ impl Registry {
             consumer,
             subject: subject.into(),
             kind: HandlerKind::Effect(Arc::new(effect), policy),
+            batched: true,
         });
+        self
+    }
+
+    /// Commits each message of the consumer registered last in a
+    /// transaction of its own, even when the process batches (see
+    /// [`crate::group`]). For a handler that relies on what lasts to its
+    /// transaction's end and cannot be reset between a batch's units: a
+    /// temporary table `ON COMMIT DROP` (the next unit's `CREATE` would
+    /// fail), a transaction-level advisory lock (held until the whole batch
+    /// commits). Settings made with `SET LOCAL` need not: a batch resets
+    /// them between units.
+    pub fn unbatched(mut self) -> Self {
+        if let Some(last) = self.registrations.last_mut() {
+            last.batched = false;
+        }
         self
     }
 

@@ -121,15 +121,11 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if contains(&buf[..n], b"COMMIT")
-                && state.refuse_next_commit.swap(false, Ordering::SeqCst)
-            {
+            if is_commit(&buf[..n]) && state.refuse_next_commit.swap(false, Ordering::SeqCst) {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
                 return;
             }
-            if contains(&buf[..n], b"COMMIT")
-                && state.drop_next_commit.swap(false, Ordering::SeqCst)
-            {
+            if is_commit(&buf[..n]) && state.drop_next_commit.swap(false, Ordering::SeqCst) {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
                 cut.store(true, Ordering::SeqCst);
             }
@@ -158,6 +154,14 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
         () = to_client => {}
         _ = up.wait_for(|up| !*up) => {}
     }
+}
+
+/// Whether the client's bytes hold a `COMMIT` statement: a simple query
+/// whose whole text is `COMMIT` (NUL-terminated on the wire), not a
+/// statement that merely names it (`SET TRANSACTION ISOLATION LEVEL READ
+/// COMMITTED`).
+fn is_commit(bytes: &[u8]) -> bool {
+    contains(bytes, b"COMMIT\0")
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

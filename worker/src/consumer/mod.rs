@@ -160,6 +160,11 @@ impl Consumer {
         registration: Registration,
         config: ConsumerConfig,
     ) -> Self {
+        let inbox = if registration.batched {
+            inbox
+        } else {
+            inbox.without_batching()
+        };
         Self {
             inbox,
             js,
