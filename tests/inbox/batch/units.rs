@@ -263,42 +263,53 @@ async fn a_batch_reads_committed_data_whatever_the_default_isolation() {
     assert_eq!(values(&balance), vec!["1".to_owned()]);
 }
 
-/// The middle unit's handler rolls the whole transaction back and swallows
-/// it (as an InnoDB deadlock or a full SQLite disk does behind a handler
-/// that ignores the error); the next unit's statements then run outside it.
-/// Every message is still applied, once: the batch notices that its
-/// transaction is gone and runs its units again alone. Without the
-/// `RELEASE` of the first savepoint before `COMMIT`, the first unit was
-/// reported processed with nothing written.
+/// A unit's handler rolls the whole transaction back and swallows it (as
+/// an InnoDB deadlock or a full SQLite disk does behind a handler that
+/// ignores the error), in the middle of a batch and at its end; what runs
+/// after it runs outside the batch's transaction. Every message is still
+/// applied, once: the batch notices that its transaction is gone and runs
+/// its units again alone. Without the `RELEASE` of the first savepoint
+/// before `COMMIT`, the first unit was reported processed with nothing
+/// written (SQLite and MariaDB in the middle, where the next unit's
+/// statements commit on their own; PostgreSQL at the end, where its
+/// `COMMIT` outside a transaction only warns).
 async fn a_unit_that_swallows_a_rollback_loses_none_of_its_batch_mates(backend: Backend) {
     let t = TestDb::new(backend).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let units = vec![
-        (
-            entry_envelope("w-1", "a", 1, None),
-            Steps(vec![Step::Gate(gate.clone())]),
-        ),
-        (
-            entry_envelope("w-2", "b", 10, None),
-            Steps(vec![Step::Once {
-                sql: "ROLLBACK",
-                done: Arc::default(),
-                swallow: true,
-            }]),
-        ),
-        (entry_envelope("w-3", "c", 100, None), Steps(vec![])),
-    ];
-    let outcomes = in_one_batch(&batching(&t.db), &units, &gate, async {}).await;
-    assert_eq!(outcomes[0], Outcome::Processed(()));
-    assert_eq!(outcomes[1], Outcome::Processed(()));
-    for (account, amount) in [("a", 1), ("b", 10), ("c", 100)] {
-        assert_eq!(
-            super::balance(&t.db, account).await,
-            Some(amount),
-            "{account}: applied once"
-        );
+    let inbox = batching(&t.db);
+    for (batch, swallower) in [("mid", 1), ("end", 2)] {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let units: Vec<(Envelope, Steps)> = (0..3)
+            .map(|i| {
+                let mut steps = Vec::new();
+                if i == 0 {
+                    steps.push(Step::Gate(gate.clone()));
+                }
+                if i == swallower {
+                    steps.push(Step::Once {
+                        sql: "ROLLBACK",
+                        done: Arc::default(),
+                        swallow: true,
+                    });
+                }
+                let account = format!("{batch}-{i}");
+                (
+                    entry_envelope(&account, &account, 10 + i as i64, None),
+                    Steps(steps),
+                )
+            })
+            .collect();
+        let outcomes = in_one_batch(&inbox, &units, &gate, async {}).await;
+        assert_eq!(outcomes[0], Outcome::Processed(()), "{batch}");
+        for i in 0..3 {
+            let account = format!("{batch}-{i}");
+            assert_eq!(
+                super::balance(&t.db, &account).await,
+                Some(10 + i as i64),
+                "{account}: applied once"
+            );
+        }
     }
-    assert_eq!(t.count(entity::prelude::InboxMessage).await, 3);
+    assert_eq!(t.count(entity::prelude::InboxMessage).await, 6);
 }
 
 on_backends!(a_unit_that_swallows_a_rollback_loses_none_of_its_batch_mates: sqlite, postgres, mysql);
