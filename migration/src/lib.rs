@@ -39,6 +39,7 @@ mod m20261202_000013_unbounded_received_subjects;
 mod m20261202_000014_create_wal_slot_loss;
 mod m20261203_000015_add_wal_relay_progress;
 mod m20261204_000016_binary_text_on_mysql;
+mod m20261207_000017_one_open_dead_letter;
 #[cfg(test)]
 mod shipped;
 mod status;
@@ -70,6 +71,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000014_create_wal_slot_loss::Migration),
             Box::new(m20261203_000015_add_wal_relay_progress::Migration),
             Box::new(m20261204_000016_binary_text_on_mysql::Migration),
+            Box::new(m20261207_000017_one_open_dead_letter::Migration),
         ];
         // The domain's tables come after the platform's: sea-orm records
         // each migration by name, so the order only matters on a fresh

@@ -7,6 +7,7 @@ use chrono::Utc;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
     ConnectionTrait, DbErr, EntityTrait,
+    sea_query::OnConflict,
 };
 
 use entity::dead_letter;
@@ -51,28 +52,70 @@ pub struct DeadLetter<'a> {
     pub deliveries: i32,
 }
 
+/// Whether [`DeadLetter::record`] wrote a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// The row is new.
+    Written,
+    /// The message already has an open dead letter for this consumer (a
+    /// copy of it was given up on first, by this process or another): no
+    /// second row.
+    AlreadyOpen,
+}
+
+/// Inserts `row` unless its consumer already has an open dead letter of
+/// its message id (the unique index `ux_dead_letter_open`: one open row
+/// per (consumer, message id); rows without an id are never held back).
+///
+/// # Errors
+/// The insert's database error.
+pub async fn insert_open<C: ConnectionTrait>(
+    conn: &C,
+    row: dead_letter::ActiveModel,
+) -> Result<Recorded, DbErr> {
+    let inserted = dead_letter::Entity::insert(row)
+        .on_conflict(
+            // No target: PostgreSQL and SQLite then skip a row that meets
+            // any unique index (a partial one cannot be named as a target
+            // without its predicate); MySQL's stand-in is an update of
+            // nothing on the duplicate key.
+            OnConflict::new()
+                .do_nothing_on([dead_letter::Column::Id])
+                .to_owned(),
+        )
+        .exec(conn)
+        .await;
+    match inserted {
+        Ok(_) => Ok(Recorded::Written),
+        Err(DbErr::RecordNotInserted) => Ok(Recorded::AlreadyOpen),
+        Err(err) => Err(err),
+    }
+}
+
 impl DeadLetter<'_> {
-    /// Inserts the row.
+    /// Inserts the row, unless the message already has an open one for
+    /// this consumer (see [`insert_open`]).
     ///
     /// # Errors
     /// The insert's database error; the caller must then not terminate the
     /// message (redelivery will try again).
-    pub async fn record<C: ConnectionTrait>(&self, conn: &C) -> Result<(), DbErr> {
+    pub async fn record<C: ConnectionTrait>(&self, conn: &C) -> Result<Recorded, DbErr> {
         let headers = serde_json::to_value(self.headers).map_err(|e| DbErr::Json(e.to_string()))?;
-        dead_letter::Entity::insert(dead_letter::ActiveModel {
-            id: NotSet,
-            consumer: Set(self.consumer.to_owned()),
-            message_id: Set(self.message_id.map(str::to_owned)),
-            subject: Set(self.subject.to_owned()),
-            payload: Set(self.payload.to_vec()),
-            headers: Set(headers),
-            error: Set(self.error.to_owned()),
-            deliveries: Set(self.deliveries),
-            created_at: Set(Utc::now()),
-            replayed_at: Set(None),
-        })
-        .exec_without_returning(conn)
-        .await?;
-        Ok(())
+        insert_open(
+            conn,
+            dead_letter::ActiveModel {
+                id: NotSet,
+                consumer: Set(self.consumer.to_owned()),
+                message_id: Set(self.message_id.map(str::to_owned)),
+                subject: Set(self.subject.to_owned()),
+                payload: Set(self.payload.to_vec()),
+                headers: Set(headers),
+                error: Set(self.error.to_owned()),
+                deliveries: Set(self.deliveries),
+                created_at: Set(Utc::now()),
+                replayed_at: Set(None),
+            },
+        )
+        .await
     }
 }

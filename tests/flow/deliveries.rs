@@ -85,6 +85,64 @@ async fn a_consumer_killed_during_the_last_allowed_delivery_loses_nothing() {
     second.assert_no_panic();
 }
 
+/// Two processes whose handlers outlast the ack wait (1.5 s against 1 s),
+/// with 4 malformed messages among 100. Each message is delivered once:
+/// a process pulls no more messages than it has free slots, so none waits
+/// in its buffer while its ack wait runs out (with a streaming pull a batch
+/// ahead, buffered messages were handed to the other process as copies,
+/// which raced their originals; a malformed one was dead-lettered by both,
+/// 9 or 10 rows for 8 messages, before the unique index over open dead
+/// letters). Each malformed message ends with one dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_consumers_with_handlers_longer_than_the_ack_wait_get_each_message_once() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let settings = env(
+        &t.url,
+        &nats.url(),
+        &[("TESTBED_WORK_MS", "1500"), ("SEAWALL_ACK_WAIT_MS", "1000")],
+    );
+    let processes = [
+        Seawall::spawn(&["consume"], &settings),
+        Seawall::spawn(&["consume"], &settings),
+    ];
+    // An account each: handlers of one account wait for each other's
+    // row lock.
+    let good: Vec<_> = (0..96)
+        .map(|i| (format!("race-{i}"), req(&format!("race-{i}"), 1)))
+        .collect();
+    for (i, chunk) in good.chunks(24).enumerate() {
+        publish_raw(&js, Some(&format!("bad-{i}")), b"{not json").await;
+        publish_entries(&js, chunk).await;
+    }
+    wait_until(
+        "every message settled",
+        Duration::from_secs(120),
+        || async {
+            count::<Entry>(&t.db).await == 96
+                && consumer_info(&js)
+                    .await
+                    .is_some_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+        },
+    )
+    .await;
+    let info = consumer_info(&js).await.unwrap();
+    assert_eq!(
+        info.delivered.consumer_sequence, 100,
+        "deliveries of 100 messages: none was handed out twice"
+    );
+    let letters: Vec<Option<String>> = DeadLetter::find()
+        .all(&t.db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.message_id)
+        .collect();
+    assert_eq!(letters.len(), 4, "one per malformed message: {letters:?}");
+    for process in processes {
+        process.assert_no_panic();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_durable_consumer_with_a_broker_delivery_limit_is_updated_at_start_up() {
     let (t, _nats, js) = with_ledger_stream(Backend::Sqlite).await;

@@ -9,6 +9,7 @@ mod batch;
 mod commit;
 mod config;
 mod constraints;
+mod dead_letters;
 mod handler_fn;
 mod load;
 mod migrate;

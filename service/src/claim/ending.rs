@@ -10,7 +10,7 @@ use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, 
 use entity::inbox_message::{self, Column};
 
 use super::QUARANTINE_REASON;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Recorded};
 use crate::state::ClaimState;
 
 /// Marks an abandoned claim quarantined and writes its dead letter, in one
@@ -77,7 +77,7 @@ pub async fn quarantine(
 /// # Errors
 /// Database errors; nothing is written then, and the message must not be
 /// terminated.
-pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result<(), DbErr> {
+pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result<Recorded, DbErr> {
     let txn = db.begin().await?;
     if let Some(message_id) = letter.message_id {
         let already = inbox_message::Entity::find()
@@ -88,7 +88,8 @@ pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result
             .await?;
         if already.is_some() {
             // Quarantined by the sweeper, whose dead letter is written.
-            return txn.commit().await;
+            txn.commit().await?;
+            return Ok(Recorded::AlreadyOpen);
         }
         inbox_message::Entity::update_many()
             .col_expr(Column::QuarantinedAt, Expr::value(Utc::now()))
@@ -102,8 +103,9 @@ pub async fn give_up(db: &DatabaseConnection, letter: &DeadLetter<'_>) -> Result
             .exec(&txn)
             .await?;
     }
-    letter.record(&txn).await?;
-    txn.commit().await
+    let recorded = letter.record(&txn).await?;
+    txn.commit().await?;
+    Ok(recorded)
 }
 
 /// What [`release`] found.

@@ -19,14 +19,15 @@
 //! lasted [`ConsumerConfig::infra_patience`]; only then does it count
 //! against the message. Held deliveries keep their place among the
 //! consumer's `concurrency`, so a consumer whose every delivery meets such a
-//! failure stops pulling until one gets through.
+//! failure stops pulling until one gets through. It never pulls more
+//! messages than it has free places for (see `pull`): a delivered message
+//! is always being handled, never waiting with its ack wait running.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +41,7 @@ mod effect;
 mod hold;
 mod measure;
 mod outage;
+mod pull;
 mod settle;
 mod setup;
 
@@ -204,54 +206,17 @@ impl Consumer {
             .set(0.0);
         metrics::counter!("seawall_dead_letters_total", "consumer" => self.registration.consumer.to_string())
             .increment(0);
-        'outer: while !cancel.is_cancelled() {
-            let mut messages = match consumer
-                .stream()
-                .max_messages_per_batch(self.config.concurrency.max(1))
-                .messages()
-                .await
-            {
-                Ok(m) => m,
-                Err(err) => {
-                    tracing::warn!(error = %err, "pull request failed; retrying");
-                    tokio::select! {
-                        () = cancel.cancelled() => break,
-                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    }
-                }
-            };
-            loop {
-                // While the database is down, stop pulling: messages would
-                // only wait in this process's buffer with their ack wait running.
-                tokio::select! {
-                    () = cancel.cancelled() => break 'outer,
-                    _ = self.outage.wait(None, self.progress_period(), &cancel) => {}
-                }
-                let permit = tokio::select! {
-                    () = cancel.cancelled() => break 'outer,
-                    p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
-                };
-                let next = tokio::select! {
-                    () = cancel.cancelled() => break 'outer,
-                    next = messages.next() => next,
-                };
-                match next {
-                    Some(Ok(msg)) => {
-                        let this = self.clone();
-                        inflight.spawn(async move {
-                            this.handle(msg).await;
-                            drop(permit);
-                        });
-                    }
-                    Some(Err(err)) => {
-                        tracing::debug!(error = %err, "pull stream error; continuing");
-                    }
-                    None => break,
-                }
-                while let Some(done) = inflight.try_join_next() {
-                    log_task_failure(done);
-                }
+        while !cancel.is_cancelled() {
+            // While the database is down, stop pulling: messages would only
+            // wait in this process with their ack wait running.
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                _ = self.outage.wait(None, self.progress_period(), &cancel) => {}
             }
+            let Some(slots) = pull::free_slots(&permits, &cancel).await else {
+                break;
+            };
+            pull::round(self, &consumer, slots, &mut inflight, &cancel).await;
         }
         self.stopping.cancel();
         while let Some(done) = inflight.join_next().await {

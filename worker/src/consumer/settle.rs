@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 
 use service::HandlerKind;
-use service::dead_letter::DeadLetter;
+use service::dead_letter::{DeadLetter, Recorded};
 
 use super::Consumer;
 
@@ -199,9 +199,16 @@ impl Consumer {
             HandlerKind::Transaction(_) => row.record(db).await,
         };
         match recorded {
-            Ok(()) => {
-                metrics::counter!("seawall_dead_letters_total", "consumer" => self.registration.consumer.to_string()).increment(1);
-                tracing::warn!(reason, "dead-lettered");
+            Ok(recorded) => {
+                if recorded == Recorded::Written {
+                    metrics::counter!("seawall_dead_letters_total", "consumer" => self.registration.consumer.to_string()).increment(1);
+                    tracing::warn!(reason, "dead-lettered");
+                } else {
+                    tracing::info!(
+                        reason,
+                        "already dead-lettered (an earlier copy was given up on); this copy is terminated without a second row"
+                    );
+                }
                 if let Err(err) = msg.double_ack_with(AckKind::Term).await {
                     tracing::warn!(error = %err, "term not confirmed; a redelivery may dead-letter it again");
                 }
