@@ -15,7 +15,7 @@ use sea_orm::sea_query::PostgresQueryBuilder;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
     ColumnTrait, ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QuerySelect, QueryTrait,
+    QuerySelect, QueryTrait, TransactionTrait,
 };
 
 use entity::inbox_message;
@@ -186,6 +186,33 @@ impl Inbox {
         match result {
             Ok(value) => Ok(Outcome::Processed(value)),
             Err(err) => classify_unit_error(envelope, consumer, err),
+        }
+    }
+
+    /// Whether the marker of (`envelope`, `consumer`) is committed, asked once
+    /// any transaction holding it uncommitted has ended: the marker is
+    /// inserted in a transaction of its own, then rolled back, and the unique
+    /// index makes that insert wait for a concurrent one's outcome (SQLite's
+    /// writer lock does the same). A plain read would not see a `COMMIT` still
+    /// under way, and a consumer whose deadline passed during its batch's
+    /// `COMMIT` would report as failed a message whose work committed.
+    ///
+    /// # Errors
+    /// The probe's database error (other than finding the marker).
+    pub async fn is_recorded_once_settled(
+        &self,
+        envelope: &Envelope,
+        consumer: &ConsumerName,
+    ) -> Result<bool, DbErr> {
+        let txn = self.executor.db().begin().await?;
+        let probe = insert_marker(&txn, envelope, consumer).await;
+        if let Err(err) = txn.rollback().await {
+            tracing::debug!(error = %err, "rollback of a marker probe failed");
+        }
+        match probe {
+            Ok(()) => Ok(false),
+            Err(err) if classify(&err) == Failure::InboxDuplicate => Ok(true),
+            Err(err) => Err(err),
         }
     }
 

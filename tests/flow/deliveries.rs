@@ -143,6 +143,61 @@ async fn two_consumers_with_handlers_longer_than_the_ack_wait_get_each_message_o
     }
 }
 
+/// A message's last delivery whose handling deadline (1 s) passes while its
+/// batch's `COMMIT` is under way (a deferred trigger makes the commit take
+/// 2 s) is acknowledged: its work committed. Without asking the marker
+/// once that `COMMIT` ended, it was dead-lettered with its work done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_last_delivery_whose_deadline_passes_during_its_commit_is_acked() {
+    let (t, _nats, js) = with_ledger_stream(Backend::Postgres).await;
+    t.db.execute_unprepared(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON ledger_entry
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .await
+    .unwrap();
+    let registry = Registry::new().register_handler(
+        ConsumerName::parse(LEDGER_CONSUMER).unwrap(),
+        RECORD_SUBJECT,
+        LedgerHandler::default(),
+    );
+    let consumer = Consumer::new(
+        Inbox::new(Executor::new(t.db.clone())).with_batching(8, 16),
+        js.clone(),
+        registry.registrations()[0].clone(),
+        ConsumerConfig {
+            max_deliver: 1,
+            max_handling: Duration::from_secs(1),
+            ack_wait: Duration::from_secs(10),
+            ..ConsumerConfig::new(LEDGER_STREAM)
+        },
+    );
+    consumer.ensure().await.unwrap();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { consumer.run(cancel).await.unwrap() }
+    });
+    publish_entries(&js, &credits(1, "slow-commit")).await;
+    wait_until("the delivery settled", Duration::from_secs(30), || async {
+        count::<Entry>(&t.db).await + count::<DeadLetter>(&t.db).await >= 1
+            && consumer_info(&js)
+                .await
+                .is_some_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+    })
+    .await;
+    cancel.cancel();
+    task.await.unwrap();
+    assert_eq!(count::<Entry>(&t.db).await, 1, "the work committed");
+    let letters = DeadLetter::find().all(&t.db).await.unwrap();
+    assert!(
+        letters.is_empty(),
+        "a message whose work committed is not dead-lettered: {letters:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_durable_consumer_with_a_broker_delivery_limit_is_updated_at_start_up() {
     let (t, _nats, js) = with_ledger_stream(Backend::Sqlite).await;

@@ -372,10 +372,49 @@ impl Consumer {
                     }
                 }
             }
-            None => Handled::failed(format!(
-                "handling took longer than {:?} (max handling time)",
-                self.config.max_handling
-            )),
+            None => self.past_deadline(msg, envelope).await,
+        }
+    }
+
+    /// A delivery whose handling outlived [`ConsumerConfig::max_handling`]:
+    /// failed, unless its work committed all the same (the deadline passed
+    /// during its transaction's `COMMIT`, which went on at the server). The
+    /// marker says which, asked once that `COMMIT` has ended (see
+    /// [`Inbox::is_recorded_once_settled`]); on a last delivery, a failure
+    /// here would dead-letter a message whose work is done.
+    async fn past_deadline(&self, msg: &jetstream::Message, envelope: &Envelope) -> Handled {
+        let failed = Handled::failed(format!(
+            "handling took longer than {:?} (max handling time)",
+            self.config.max_handling
+        ));
+        // An effect's claim row tells the next delivery what happened.
+        if !matches!(self.registration.kind, HandlerKind::Transaction(_)) {
+            return failed;
+        }
+        // Unbounded but by shutdown, as recording a performed effect is: a
+        // `COMMIT` that hangs (a synchronous standby gone) has an unknown
+        // outcome, which no failure may settle.
+        let probe = self
+            .inbox
+            .is_recorded_once_settled(envelope, &self.registration.consumer);
+        let probed = tokio::select! {
+            probed = self.keep_alive(msg, probe, None) => probed.expect("no deadline"),
+            () = self.stopping.cancelled() => {
+                return Handled::Outage("stopping while the deadline's outcome is unknown".into());
+            }
+        };
+        match probed {
+            Ok(true) => {
+                tracing::info!(
+                    "the handling deadline passed while the work committed; acknowledging"
+                );
+                Handled::Done { duplicate: false }
+            }
+            Ok(false) => failed,
+            Err(err) => {
+                tracing::debug!(error = %err, "could not ask the marker after the deadline");
+                failed
+            }
         }
     }
 
