@@ -85,16 +85,16 @@ impl Effect for Webhook {
                 .send()
                 .await
                 .map_err(|e| {
-                    let reason = format!("POST {}: {e}", self.url);
-                    if e.is_connect() {
-                        // Refused or unreachable before anything was sent:
-                        // the receiver is down, which is no fault of the event.
+                    let reason = format!("POST {}: {}", self.url, chain(&e));
+                    if receiver_gone(&e) {
+                        // The receiver is down, or went away under the
+                        // call: no fault of the event.
                         HandlerError::Unavailable {
                             reason,
                             retry_after: None,
                         }
                     } else {
-                        // Sent, perhaps received (a timeout, a reset): an
+                        // Sent, perhaps received, no answer in time: an
                         // attempt that counts.
                         HandlerError::Failed(reason.into())
                     }
@@ -132,6 +132,62 @@ impl Effect for Webhook {
     }
 }
 
+/// Whether the call ended, before any answer, because the receiver was not
+/// there to answer: the connection was refused or unreachable, or was
+/// reset, aborted or closed under the request. A receiver that closes its
+/// listening socket (stopping, restarting) resets the connections the
+/// kernel had accepted for it and it never took: those calls fail with
+/// `Connection reset by peer` while sending, after the connection was
+/// made, and no request reached the receiver. One that goes away in the
+/// middle of a request is down as well; the `Idempotency-Key` makes the
+/// call safe to repeat either way. A timeout is not among them: the
+/// receiver may be working on the event.
+fn receiver_gone(e: &reqwest::Error) -> bool {
+    if e.is_connect() {
+        return true;
+    }
+    if e.is_timeout() || !e.is_request() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        if let Some(http) = err.downcast_ref::<hyper::Error>()
+            && (http.is_incomplete_message() || http.is_canceled())
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// `e` with its causes: reqwest's own text ("error sending request") does
+/// not say what happened.
+fn chain(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        let cause = err.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = err.source();
+    }
+    text
+}
+
 /// A `Retry-After` given in seconds (the HTTP-date form is not honoured:
 /// the consumer's own backoff applies then), at most an hour.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
@@ -143,4 +199,69 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .parse()
         .ok()?;
     Some(Duration::from_secs(secs.min(3600)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A receiver that takes one connection, reads the request's first
+    /// bytes and hangs up: with a reset (`reset`), as a closing listener
+    /// does to connections it never took, or with a plain close.
+    async fn hanging_up(reset: bool) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = socket.read(&mut buf).await;
+            if reset {
+                socket.set_zero_linger().unwrap();
+            }
+            drop(socket);
+        });
+        url
+    }
+
+    async fn call(url: String) -> HandlerError {
+        let envelope = Envelope::from_delivery(
+            "ledger.recorded",
+            BTreeMap::from([("Nats-Msg-Id".to_owned(), "m-1".to_owned())]),
+            b"{}".to_vec(),
+        )
+        .unwrap();
+        Webhook::new(url, None)
+            .unwrap()
+            .perform(&envelope, "m-1")
+            .await
+            .unwrap_err()
+    }
+
+    /// Without reading the error's causes, both were failures of the
+    /// event, and a receiver restarting spent the deliveries of the events
+    /// sent to it meanwhile.
+    #[tokio::test]
+    async fn a_receiver_that_hangs_up_before_answering_is_unavailable() {
+        for reset in [true, false] {
+            let err = call(hanging_up(reset).await).await;
+            assert!(
+                matches!(err, HandlerError::Unavailable { .. }),
+                "reset: {reset}: {err:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unavailable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        drop(listener);
+        let err = call(url).await;
+        assert!(matches!(err, HandlerError::Unavailable { .. }), "{err:?}");
+    }
 }
