@@ -52,16 +52,37 @@
 //!   was rolled back whole behind a handler that swallowed the error (an
 //!   InnoDB deadlock, a full SQLite disk, a PostgreSQL error): every unit
 //!   then runs again alone.
+//!
+//! ## States
+//!
+//! ```text
+//!  a batch:
+//!                       a unit breaks the transaction, or a member whose
+//!                       unit ran in it is cancelled
+//!  BEGIN ──► Open ─────────────────────────────────────────► Doomed ──► ROLLBACK
+//!             │                                                        (its units
+//!             │ closed by the unit that fills it, finds it open           run alone)
+//!             │ for PATIENCE, or finds nobody waiting behind it
+//!             ▼
+//!        Committing ──► committed: each unit's result stands
+//!                   └─► failed, or unknown (its closer cancelled): units run alone
+//!
+//!  a member (its `Seat`):
+//!  Waiting ──► Seated ──► In(batch) ──► Done
+//!  (queued     (holds the  (its unit runs,   (knows the end; dropped
+//!   for a       lane's      then it waits     before this, the seat
+//!   lane)       lock)       for the end)      dooms its batch first)
+//! ```
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::FutureExt;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, TransactionTrait};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use crate::classify::{Failure, classify, is_confined_to_statement};
 use crate::error::HandlerError;
@@ -137,13 +158,64 @@ pub struct Group {
 /// One lane: its open batch and who waits to join it.
 #[derive(Debug, Default)]
 struct Lane {
-    open: Mutex<Option<Batch>>,
+    open: Arc<Mutex<Option<Batch>>>,
     /// Units waiting for `open`'s lock: while any waits, the batch stays
     /// open for it.
     waiting: AtomicUsize,
-    /// A member was cancelled while it ran: its savepoint's rollback is
-    /// only queued, so the open batch must not commit.
-    tainted: AtomicBool,
+}
+
+/// Where a batch is headed (see the module's drawing). Only an open batch
+/// changes course: a doomed one rolls back, and one whose `COMMIT` is under
+/// way is past stopping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Taking units; its closer will commit it.
+    Open,
+    /// Must roll back: a unit broke the transaction, or a member whose unit
+    /// ran in it was cancelled (its statement may still be running, or its
+    /// caller reports a failure, and its work must not commit behind its
+    /// back).
+    Doomed,
+    /// Its closer began the `COMMIT`.
+    Committing,
+}
+
+/// A batch's [`Phase`], shared with the members that ran in it so that a
+/// cancelled one can doom it without the lane's lock.
+#[derive(Debug)]
+struct Fate(std::sync::Mutex<Phase>);
+
+impl Fate {
+    fn new() -> Arc<Self> {
+        Arc::new(Self(std::sync::Mutex::new(Phase::Open)))
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Open -> Doomed; a batch already committing is past stopping.
+    fn doom(&self) {
+        let mut phase = self.phase();
+        if *phase == Phase::Open {
+            *phase = Phase::Doomed;
+        }
+    }
+
+    fn is_doomed(&self) -> bool {
+        *self.phase() == Phase::Doomed
+    }
+
+    /// Open -> Committing; `false` when the batch is doomed.
+    fn begin_commit(&self) -> bool {
+        let mut phase = self.phase();
+        if *phase == Phase::Open {
+            *phase = Phase::Committing;
+        }
+        *phase == Phase::Committing
+    }
 }
 
 /// An open transaction and what its units did.
@@ -159,11 +231,9 @@ struct Batch {
     /// Units that succeeded: with `markers`, counted in the minute's
     /// throughput at commit, in one statement.
     processed: u64,
-    /// Something happened that this batch must not commit after.
-    broken: bool,
-    /// Set by a member that ran and was then cancelled while it waited for
-    /// the batch to end (see [`Abandon`]).
-    abandoned: Arc<AtomicBool>,
+    fate: Arc<Fate>,
+    /// Tells the members how it ended: `Some(committed)`; dropped unsent
+    /// (its closer cancelled during the `COMMIT`), the outcome is unknown.
     end: watch::Sender<Option<bool>>,
     backend: sea_orm::DbBackend,
     /// Whether the first unit sets the isolation level ([`PG_READ_COMMITTED`]).
@@ -213,111 +283,14 @@ impl Group {
         let Some(options) = executor.batch_options() else {
             return Joined::Alone;
         };
-        // SQLite has one writer: a second lane would only wait for the
-        // first one's write lock.
-        let starting = if executor.backend() == sea_orm::DbBackend::Sqlite {
-            1
-        } else {
-            self.starting
-        };
-        // The first lane where this unit still makes the next batch (fewer
-        // than `limit - 1` queued behind the running one): load gathers on
-        // the first lanes, so batches grow with it, and another lane runs
-        // at once only when those are full. All full: in turn.
-        let mut index = (0..starting)
-            .find(|&i| self.lanes[i].waiting.load(Ordering::SeqCst) + 1 < self.limit)
-            .unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed) % starting);
-        let (lane, mut member, mut open) = loop {
-            let lane = &self.lanes[index];
-            let member = Member::arrive(lane.clone(), executor.clone());
-            if index + 1 == self.lanes.len() {
-                let open = lane.open.lock().await;
-                break (lane, member, open);
-            }
-            match tokio::time::timeout(self.patience, lane.open.lock()).await {
-                Ok(open) => break (lane, member, open),
-                // Held by a slow unit (or a long queue): the next lane.
-                // Leaving, the member makes sure the batch it may have
-                // kept open still ends.
-                Err(_) => index += 1,
-            }
-        };
-        member.joined();
-        // Dropped first if this call is cancelled (a handling deadline),
-        // while the lane is still locked: the batch is not to commit.
-        let taint = Taint(&lane.tainted);
-        if lane.tainted.swap(false, Ordering::SeqCst)
-            && let Some(mut batch) = open.take()
-        {
-            // A member was cancelled in this batch: its statement may still
-            // run on the connection, and its outcome (an error) would reach
-            // whoever runs next. The batch ends here, rolled back.
-            batch.broken = true;
-            batch.close(lane, executor).await;
+        let mut seat = self.take_seat(executor).await;
+        if !seat.join_or_open(options, self.markers).await {
+            seat.done();
+            return Joined::Alone;
         }
-        if open.is_none() {
-            match executor.db().begin_with_options(options).await {
-                Ok(txn) => {
-                    let backend = executor.backend();
-                    *open = Some(Batch {
-                        txn,
-                        units: 0,
-                        opened: Instant::now(),
-                        markers: self.markers,
-                        processed: 0,
-                        broken: false,
-                        abandoned: Arc::default(),
-                        end: watch::channel(None).0,
-                        backend,
-                        sets_level: backend == sea_orm::DbBackend::Postgres
-                            && options.isolation_level.is_none(),
-                    });
-                }
-                Err(_) => {
-                    std::mem::forget(taint);
-                    drop(open);
-                    member.left();
-                    return Joined::Alone;
-                }
-            }
-        }
-        let batch = open.as_mut().expect("opened above");
-        batch.units += 1;
-        let mut end = batch.end.subscribe();
-        let mut abandon = Abandon(Some(batch.abandoned.clone()));
-        let savepoint = batch.savepoint(batch.units);
-        let (result, recovered) = in_savepoint(&batch.txn, unit, &savepoint).await;
-        std::mem::forget(taint);
-        match &result {
-            Ok(_) => batch.processed += 1,
-            // A deadlock or a timeout on PostgreSQL ends at the savepoint:
-            // the batch goes on, and this unit alone runs again after it.
-            Err(HandlerError::Database(err)) if recovered && is_confined_to_statement(err) => {}
-            Err(HandlerError::Database(err)) if breaks_batch(err) => batch.broken = true,
-            Err(_) => {}
-        }
-        batch.broken |= !recovered;
-        let close = batch.broken
-            || batch.units >= self.limit
-            || batch.opened.elapsed() >= self.patience
-            || lane.waiting.load(Ordering::SeqCst) == 0;
-        let closing = if close { open.take() } else { None };
-        drop(open);
-        member.left();
-        if let Some(batch) = closing {
-            batch.close(lane, executor).await;
-        }
-        let committed = loop {
-            if let Some(committed) = *end.borrow_and_update() {
-                break committed;
-            }
-            // The closer was cancelled during its commit: the outcome is
-            // unknown, and the marker settles a re-run.
-            if end.changed().await.is_err() {
-                break false;
-            }
-        };
-        abandon.0 = None;
+        let (result, recovered, end) = seat.run_unit(unit, self.limit, self.patience).await;
+        let committed = ended(end).await;
+        seat.done();
         match result {
             // The error may not be this unit's (the savepoint could not be
             // made or rolled back to): it runs again alone.
@@ -331,6 +304,212 @@ impl Group {
             // message with nothing applied.
             result if committed => Joined::Settled(result),
             _ => Joined::Alone,
+        }
+    }
+
+    /// Chooses a lane and waits for its lock: the first lane where this
+    /// unit still makes the next batch (fewer than `limit - 1` queued
+    /// behind the running one), so load gathers on the first lanes and
+    /// batches grow with it, and another lane runs at once only when those
+    /// are full (all full: in turn). A lane whose lock does not come within
+    /// the patience (a slow unit holds it, or a long queue) is left for the
+    /// next; the last lane is waited for.
+    async fn take_seat(&self, executor: &Executor) -> Seat {
+        // SQLite has one writer: a second lane would only wait for the
+        // first one's write lock.
+        let starting = if executor.backend() == sea_orm::DbBackend::Sqlite {
+            1
+        } else {
+            self.starting
+        };
+        let mut index = (0..starting)
+            .find(|&i| self.lanes[i].waiting.load(Ordering::SeqCst) + 1 < self.limit)
+            .unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed) % starting);
+        loop {
+            let mut seat = Seat::arrive(self.lanes[index].clone(), executor.clone());
+            let lock = seat.lane.open.clone().lock_owned();
+            if index + 1 == self.lanes.len() {
+                seat.seated(lock.await);
+                return seat;
+            }
+            match tokio::time::timeout(self.patience, lock).await {
+                Ok(held) => {
+                    seat.seated(held);
+                    return seat;
+                }
+                // Leaving, the seat makes sure the batch it may have kept
+                // open still ends.
+                Err(_) => index += 1,
+            }
+        }
+    }
+}
+
+/// Waits for the batch's end: whether it committed (`false` when its closer
+/// was cancelled during the `COMMIT`: the outcome is unknown, and the
+/// marker settles a re-run).
+async fn ended(mut end: watch::Receiver<Option<bool>>) -> bool {
+    loop {
+        if let Some(committed) = *end.borrow_and_update() {
+            return committed;
+        }
+        if end.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// A unit's place in a lane, from its arrival to the end of its batch: the
+/// member's one guard. [`Seat::done`] disarms it; dropped before that (its
+/// caller was cancelled: a handling deadline), it first dooms the batch
+/// its unit ran in (before the lane's lock, which it may hold, is
+/// released, so no other unit runs in that batch believing it sound), and
+/// then makes sure the lane's batch still ends.
+struct Seat {
+    lane: Arc<Lane>,
+    executor: Executor,
+    place: Place,
+    /// The lane's lock, while this unit joins or runs.
+    held: Option<OwnedMutexGuard<Option<Batch>>>,
+}
+
+enum Place {
+    /// Counted in the lane's `waiting`.
+    Waiting,
+    /// Holding the lane, not yet in a batch.
+    Seated,
+    /// Its unit runs, or ran, in the batch of this fate.
+    In(Arc<Fate>),
+    /// Knows its batch's end (or never joined one): nothing to settle.
+    Done,
+}
+
+impl Seat {
+    fn arrive(lane: Arc<Lane>, executor: Executor) -> Self {
+        lane.waiting.fetch_add(1, Ordering::SeqCst);
+        Self {
+            lane,
+            executor,
+            place: Place::Waiting,
+            held: None,
+        }
+    }
+
+    fn seated(&mut self, held: OwnedMutexGuard<Option<Batch>>) {
+        self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.place = Place::Seated;
+        self.held = Some(held);
+    }
+
+    /// Joins the lane's open batch, or opens one; a doomed batch left open
+    /// (a member cancelled mid-unit: its statement may still run on the
+    /// connection, and its error would reach whoever runs next) is rolled
+    /// back first. `false` when no transaction could begin.
+    async fn join_or_open(&mut self, options: sea_orm::TransactionOptions, markers: bool) -> bool {
+        let open = self.held.as_mut().expect("seated");
+        if let Some(batch) = open.take_if(|batch| batch.fate.is_doomed()) {
+            batch.close(&self.executor).await;
+        }
+        if open.is_none() {
+            let Ok(txn) = self.executor.db().begin_with_options(options).await else {
+                return false;
+            };
+            let backend = self.executor.backend();
+            **open = Some(Batch {
+                txn,
+                units: 0,
+                opened: Instant::now(),
+                markers,
+                processed: 0,
+                fate: Fate::new(),
+                end: watch::channel(None).0,
+                backend,
+                sets_level: backend == sea_orm::DbBackend::Postgres
+                    && options.isolation_level.is_none(),
+            });
+        }
+        let fate = open.as_ref().expect("opened above").fate.clone();
+        self.place = Place::In(fate);
+        true
+    }
+
+    /// Runs `unit` under a savepoint of the batch, then leaves the lane:
+    /// closing the batch when it broke, is full, has been open for
+    /// `patience`, or nobody waits to join it. The second value is whether
+    /// the savepoint held (see [`in_savepoint`]); the third tells the
+    /// batch's end.
+    async fn run_unit<T, U>(
+        &mut self,
+        unit: &U,
+        limit: usize,
+        patience: Duration,
+    ) -> (Result<T, HandlerError>, bool, watch::Receiver<Option<bool>>)
+    where
+        U: Unit<T> + ?Sized,
+    {
+        // Cancelled in here, the seat dooms the batch before its lock goes.
+        let batch = self.held.as_mut().and_then(|h| h.as_mut()).expect("joined");
+        batch.units += 1;
+        let end = batch.end.subscribe();
+        let savepoint = batch.savepoint(batch.units);
+        let (result, recovered) = in_savepoint(&batch.txn, unit, &savepoint).await;
+        match &result {
+            Ok(_) => batch.processed += 1,
+            // A deadlock or a timeout on PostgreSQL ends at the savepoint:
+            // the batch goes on, and this unit alone runs again after it.
+            Err(HandlerError::Database(err)) if recovered && is_confined_to_statement(err) => {}
+            Err(HandlerError::Database(err)) if breaks_batch(err) => batch.fate.doom(),
+            Err(_) => {}
+        }
+        if !recovered {
+            batch.fate.doom();
+        }
+        let close = batch.fate.is_doomed()
+            || batch.units >= limit
+            || batch.opened.elapsed() >= patience
+            || self.lane.waiting.load(Ordering::SeqCst) == 0;
+        let mut held = self.held.take().expect("seated");
+        let closing = if close { held.take() } else { None };
+        drop(held);
+        if let Some(batch) = closing {
+            batch.close(&self.executor).await;
+        }
+        (result, recovered, end)
+    }
+
+    /// The member knows its batch's end: nothing of its lane is left to
+    /// settle.
+    fn done(mut self) {
+        self.place = Place::Done;
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.place, Place::Done) {
+            Place::Done => return,
+            Place::Waiting => {
+                self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            Place::Seated => {}
+            Place::In(fate) => fate.doom(),
+        }
+        // Only now may the next unit have the lane.
+        drop(self.held.take());
+        // Whoever runs next closes the batch if nobody waits; with nobody
+        // coming, this does.
+        let lane = self.lane.clone();
+        let executor = self.executor.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let mut open = lane.open.lock().await;
+                if lane.waiting.load(Ordering::SeqCst) == 0
+                    && let Some(batch) = open.take()
+                {
+                    drop(open);
+                    batch.close(&executor).await;
+                }
+            });
         }
     }
 }
@@ -347,17 +526,11 @@ impl Batch {
         Savepoint::new(unit_savepoint(n), prelude)
     }
 
-    /// Commits the batch, or rolls it back when it broke, and tells its
+    /// Commits the batch, or rolls it back when it is doomed, and tells its
     /// members which.
-    async fn close(self, lane: &Lane, executor: &Executor) {
+    async fn close(self, executor: &Executor) {
         let units = self.units;
-        let committed = if self.broken
-            || self.abandoned.load(Ordering::SeqCst)
-            || lane.tainted.swap(false, Ordering::SeqCst)
-        {
-            rollback(self.txn).await;
-            false
-        } else {
+        let committed = if self.fate.begin_commit() {
             let markers = if self.markers { self.processed } else { 0 };
             match commit(self.txn, self.backend, markers).await {
                 Ok(()) => true,
@@ -366,6 +539,9 @@ impl Batch {
                     false
                 }
             }
+        } else {
+            rollback(self.txn).await;
+            false
         };
         if committed {
             executor.notify_committed();
@@ -460,95 +636,4 @@ fn breaks_batch(err: &DbErr) -> bool {
         classify(err),
         Failure::Transient { .. } | Failure::Resource { .. }
     ) || crate::classify::is_outage(err)
-}
-
-/// Marks the lane's batch as not to commit when dropped: armed while a
-/// member runs, forgotten once its unit returned.
-struct Taint<'a>(&'a AtomicBool);
-
-impl Drop for Taint<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Marks its batch as not to commit when dropped before it is disarmed: a
-/// member cancelled (a handling deadline) while it waits for its batch to
-/// end reports a failure, so the work it did in the batch must not commit
-/// behind its back (the others then run again alone). A batch whose commit
-/// is already under way is past stopping; the marker settles the
-/// redelivery of a member cancelled then.
-struct Abandon(Option<Arc<AtomicBool>>);
-
-impl Drop for Abandon {
-    fn drop(&mut self) {
-        if let Some(abandoned) = &self.0 {
-            abandoned.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-/// A unit's place in a lane. Dropped before it left (its caller was
-/// cancelled: a handling deadline), it makes sure the batch it held open
-/// still ends.
-struct Member {
-    lane: Arc<Lane>,
-    executor: Executor,
-    state: State,
-}
-
-enum State {
-    Waiting,
-    Running,
-    Left,
-}
-
-impl Member {
-    fn arrive(lane: Arc<Lane>, executor: Executor) -> Self {
-        lane.waiting.fetch_add(1, Ordering::SeqCst);
-        Self {
-            lane,
-            executor,
-            state: State::Waiting,
-        }
-    }
-
-    fn joined(&mut self) {
-        self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
-        self.state = State::Running;
-    }
-
-    /// Called once the member ran (or could not open a batch): nothing of
-    /// its lane is left to settle when it is dropped.
-    fn left(&mut self) {
-        self.state = State::Left;
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        match self.state {
-            State::Left => return,
-            State::Waiting => {
-                self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
-            }
-            // The batch was tainted (see `Taint`) before the lane unlocked.
-            State::Running => {}
-        }
-        // Whoever runs next closes the batch if nobody waits; with nobody
-        // coming, this does.
-        let lane = self.lane.clone();
-        let executor = self.executor.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let mut open = lane.open.lock().await;
-                if lane.waiting.load(Ordering::SeqCst) == 0
-                    && let Some(batch) = open.take()
-                {
-                    drop(open);
-                    batch.close(&lane, &executor).await;
-                }
-            });
-        }
-    }
 }
