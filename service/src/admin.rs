@@ -19,7 +19,7 @@ use sea_orm::{
 
 use entity::{dead_letter, inbox_message, outbox_message};
 
-use crate::dead_letter::{DeadLetter, REPLAY_OF_HEADER};
+use crate::dead_letter::{DeadLetter, REPLAY_LETTER_HEADER, REPLAY_OF_HEADER};
 use crate::outbox::{Outbox, check_header, check_message_id};
 use crate::state::{ClaimState, OutboxState};
 
@@ -420,7 +420,7 @@ fn replayable<E>(row: dead_letter::Model) -> Result<Replay, ReplayError<E>> {
         let Some(value) = value.as_str() else {
             continue;
         };
-        if name == REPLAY_OF_HEADER {
+        if name == REPLAY_OF_HEADER || name == REPLAY_LETTER_HEADER {
             continue;
         }
         if check_header(name, value).is_err() {
@@ -428,6 +428,7 @@ fn replayable<E>(row: dead_letter::Model) -> Result<Replay, ReplayError<E>> {
         }
         headers.insert(name.clone(), value.to_owned());
     }
+    headers.insert(REPLAY_LETTER_HEADER.to_owned(), id.to_string());
     Ok(Replay {
         consumer: row.consumer,
         message_id,

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use chrono::Utc;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ConnectionTrait, DbErr, EntityTrait,
-    sea_query::OnConflict,
+    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
+    sea_query::{Expr, OnConflict},
 };
 
 use entity::dead_letter;
@@ -16,6 +16,13 @@ use entity::dead_letter;
 /// to the consumer's own replay subject; the consumer hands its handler the
 /// original subject from this header.
 pub const REPLAY_OF_HEADER: &str = "Seawall-Replay-Of";
+
+/// Header of a replayed message that names the dead letter it was replayed
+/// from (its id). The row is marked replayed only once the broker has the
+/// message; a replayed copy that fails before that finds the row still
+/// open, and this header tells its consumer that the open row is the one
+/// being replayed: it closes it and records the new failure.
+pub const REPLAY_LETTER_HEADER: &str = "Seawall-Replay-Letter";
 
 const REPLAY_PREFIX: &str = "seawall-replay";
 
@@ -100,22 +107,52 @@ impl DeadLetter<'_> {
     /// The insert's database error; the caller must then not terminate the
     /// message (redelivery will try again).
     pub async fn record<C: ConnectionTrait>(&self, conn: &C) -> Result<Recorded, DbErr> {
+        let recorded = insert_open(conn, self.row()?).await?;
+        if recorded == Recorded::AlreadyOpen && self.close_replayed_letter(conn).await? {
+            return insert_open(conn, self.row()?).await;
+        }
+        Ok(recorded)
+    }
+
+    /// Marks replayed the open dead letter this message was replayed from
+    /// ([`REPLAY_LETTER_HEADER`]), if that is the open row of its consumer
+    /// and message id: its replay failed before the operator's replay
+    /// marked it. `true` when it did. A crash after this leaves the row
+    /// marked (it was replayed) and the message unsettled: its redelivery
+    /// records the failure.
+    async fn close_replayed_letter<C: ConnectionTrait>(&self, conn: &C) -> Result<bool, DbErr> {
+        let (Some(letter), Some(message_id)) = (
+            self.headers
+                .get(REPLAY_LETTER_HEADER)
+                .and_then(|id| id.parse::<i64>().ok()),
+            self.message_id,
+        ) else {
+            return Ok(false);
+        };
+        let closed = dead_letter::Entity::update_many()
+            .col_expr(dead_letter::Column::ReplayedAt, Expr::value(Utc::now()))
+            .filter(dead_letter::Column::Id.eq(letter))
+            .filter(dead_letter::Column::Consumer.eq(self.consumer))
+            .filter(dead_letter::Column::MessageId.eq(message_id))
+            .filter(dead_letter::Column::ReplayedAt.is_null())
+            .exec(conn)
+            .await?;
+        Ok(closed.rows_affected == 1)
+    }
+
+    fn row(&self) -> Result<dead_letter::ActiveModel, DbErr> {
         let headers = serde_json::to_value(self.headers).map_err(|e| DbErr::Json(e.to_string()))?;
-        insert_open(
-            conn,
-            dead_letter::ActiveModel {
-                id: NotSet,
-                consumer: Set(self.consumer.to_owned()),
-                message_id: Set(self.message_id.map(str::to_owned)),
-                subject: Set(self.subject.to_owned()),
-                payload: Set(self.payload.to_vec()),
-                headers: Set(headers),
-                error: Set(self.error.to_owned()),
-                deliveries: Set(self.deliveries),
-                created_at: Set(Utc::now()),
-                replayed_at: Set(None),
-            },
-        )
-        .await
+        Ok(dead_letter::ActiveModel {
+            id: NotSet,
+            consumer: Set(self.consumer.to_owned()),
+            message_id: Set(self.message_id.map(str::to_owned)),
+            subject: Set(self.subject.to_owned()),
+            payload: Set(self.payload.to_vec()),
+            headers: Set(headers),
+            error: Set(self.error.to_owned()),
+            deliveries: Set(self.deliveries),
+            created_at: Set(Utc::now()),
+            replayed_at: Set(None),
+        })
     }
 }

@@ -88,12 +88,12 @@ pub trait Unit<T>: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Savepoint {
     name: String,
-    prelude: Option<&'static str>,
+    prelude: Option<String>,
 }
 
 impl Savepoint {
     /// The savepoint `name`, made after the statements of `prelude` (if any).
-    pub(crate) fn new(name: String, prelude: Option<&'static str>) -> Self {
+    pub(crate) fn new(name: String, prelude: Option<String>) -> Self {
         Self { name, prelude }
     }
 
@@ -105,7 +105,7 @@ impl Savepoint {
     /// The statements that make it: the prelude, then `SAVEPOINT`. The
     /// text is the platform's own (no value of a message's in it).
     pub fn statement(&self) -> String {
-        match self.prelude {
+        match &self.prelude {
             Some(prelude) => format!("{prelude}; SAVEPOINT {}", self.name),
             None => format!("SAVEPOINT {}", self.name),
         }

@@ -519,8 +519,14 @@ impl Batch {
     /// before that unit (see [`PG_READ_COMMITTED`], [`PG_RESET`]).
     fn savepoint(&self, n: usize) -> Savepoint {
         let prelude = match (self.backend, n) {
-            (sea_orm::DbBackend::Postgres, 1) => self.sets_level.then_some(PG_READ_COMMITTED),
-            (sea_orm::DbBackend::Postgres, _) => Some(PG_RESET),
+            (sea_orm::DbBackend::Postgres, 1) => self.sets_level.then(|| PG_READ_COMMITTED.into()),
+            (sea_orm::DbBackend::Postgres, _) => Some(PG_RESET.into()),
+            // InnoDB: releasing the unit before's savepoint fails once the
+            // transaction is gone (see `commit`); a `SAVEPOINT` alone would
+            // not, and this unit's statements would commit one by one.
+            (sea_orm::DbBackend::MySql, n) if n > 1 => {
+                Some(format!("RELEASE SAVEPOINT {}", unit_savepoint(n - 1)))
+            }
             _ => None,
         };
         Savepoint::new(unit_savepoint(n), prelude)
@@ -532,7 +538,7 @@ impl Batch {
         let units = self.units;
         let committed = if self.fate.begin_commit() {
             let markers = if self.markers { self.processed } else { 0 };
-            match commit(self.txn, self.backend, markers).await {
+            match commit(self.txn, self.backend, self.units, markers).await {
                 Ok(()) => true,
                 Err(err) => {
                     tracing::warn!(units, error = %err, "an inbox batch did not commit; its messages run again one by one");
@@ -565,15 +571,26 @@ impl Batch {
 /// statements after that commit one by one, so the `COMMIT` would succeed
 /// with the units before it lost. On PostgreSQL [`PG_RESET`] goes first,
 /// so the commit runs with the session's `synchronous_commit`.
+///
+/// On MySQL each unit after the first released the savepoint before its
+/// own (the same proof, unit by unit: a `SAVEPOINT` after the loss would
+/// succeed and leave that unit's statements committing one by one, its
+/// marker among them), so the last unit's savepoint is the one left to
+/// release. SQLite's `SAVEPOINT` after the loss opens a new transaction,
+/// which the failed proof rolls back; PostgreSQL refuses a `SAVEPOINT`
+/// outside a transaction.
 async fn commit(
     txn: DatabaseTransaction,
     backend: sea_orm::DbBackend,
+    units: usize,
     markers: u64,
 ) -> Result<(), DbErr> {
-    let release = format!("RELEASE SAVEPOINT {}", unit_savepoint(1));
     let proof = match backend {
-        sea_orm::DbBackend::Postgres => format!("{PG_RESET}; {release}"),
-        _ => release,
+        sea_orm::DbBackend::Postgres => {
+            format!("{PG_RESET}; RELEASE SAVEPOINT {}", unit_savepoint(1))
+        }
+        sea_orm::DbBackend::MySql => format!("RELEASE SAVEPOINT {}", unit_savepoint(units)),
+        _ => format!("RELEASE SAVEPOINT {}", unit_savepoint(1)),
     };
     txn.execute_unprepared(&proof).await?;
     rollup::add(&txn, Tally::Processed, Utc::now(), markers).await?;

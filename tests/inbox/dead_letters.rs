@@ -18,12 +18,21 @@ use crate::on_backends;
 use crate::support::{Backend, TestDb};
 
 async fn give_up<C: ConnectionTrait>(db: &C, consumer: &str, id: Option<&str>) -> Recorded {
+    record(db, consumer, id, &BTreeMap::new()).await
+}
+
+async fn record<C: ConnectionTrait>(
+    db: &C,
+    consumer: &str,
+    id: Option<&str>,
+    headers: &BTreeMap<String, String>,
+) -> Recorded {
     DeadLetter {
         consumer,
         message_id: id,
         subject: "ledger.record",
         payload: b"not json",
-        headers: &BTreeMap::new(),
+        headers,
         error: "unusable message",
         deliveries: 1,
     }
@@ -132,3 +141,46 @@ async fn the_migration_keeps_copies_stored_before_it(backend: Backend) {
     );
 }
 on_backends!(the_migration_keeps_copies_stored_before_it: sqlite, postgres, mysql);
+
+/// A replayed copy that fails before the operator's replay has marked its
+/// dead letter replayed (the row is marked once the broker has the copy)
+/// finds the row it was replayed from still open. Its header names that
+/// row: the row is closed and the new failure recorded. Without it the
+/// copy was terminated as "already dead-lettered", and the row then read
+/// "replayed" with the failure gone. A header naming another row changes
+/// nothing.
+async fn a_replay_that_fails_at_once_records_its_failure(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    assert_eq!(
+        give_up(&t.db, "ledger", Some("m-1")).await,
+        Recorded::Written
+    );
+    let first = dead_letter::Entity::find()
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    assert_eq!(replayed_copy(&t, first + 100).await, Recorded::AlreadyOpen);
+    assert_eq!(replayed_copy(&t, first).await, Recorded::Written);
+    let rows = dead_letter::Entity::find().all(&t.db).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(
+        rows.iter()
+            .any(|r| r.id == first && r.replayed_at.is_some())
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.id != first && r.replayed_at.is_none())
+    );
+}
+on_backends!(a_replay_that_fails_at_once_records_its_failure: sqlite, postgres, mysql);
+
+/// A copy of `m-1` replayed from dead letter `letter`, given up on again.
+async fn replayed_copy(t: &TestDb, letter: i64) -> Recorded {
+    let headers = BTreeMap::from([(
+        service::dead_letter::REPLAY_LETTER_HEADER.to_owned(),
+        letter.to_string(),
+    )]);
+    record(&t.db, "ledger", Some("m-1"), &headers).await
+}

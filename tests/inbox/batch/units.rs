@@ -30,6 +30,8 @@ enum Step {
     Gate(Arc<tokio::sync::Semaphore>),
     /// Counts the handler's runs.
     Count(Arc<AtomicUsize>),
+    /// Fails the handler, after its writes.
+    Fail,
     /// Runs a statement on the handler's first run only; with `swallow`,
     /// ignores what it answers (a handler that swallows database errors).
     Once {
@@ -69,6 +71,9 @@ impl Handle<()> for Steps {
                     Step::Count(runs) => {
                         runs.fetch_add(1, Ordering::SeqCst);
                     }
+                    Step::Fail => {
+                        return Err(HandlerError::Failed("fails after its writes".into()));
+                    }
                     Step::Once { sql, done, swallow } => {
                         if !done.swap(true, Ordering::SeqCst) {
                             let answer = txn.execute_unprepared(sql).await;
@@ -100,6 +105,19 @@ async fn in_one_batch(
     gate: &tokio::sync::Semaphore,
     meanwhile: impl std::future::Future<Output = ()>,
 ) -> Vec<Outcome<()>> {
+    together(inbox, units, gate, meanwhile)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+async fn together(
+    inbox: &Inbox,
+    units: &[(Envelope, Steps)],
+    gate: &tokio::sync::Semaphore,
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> Vec<Result<Outcome<()>, service::InboxError>> {
     let consumer = ledger_consumer();
     let (results, ()) = futures::join!(
         join_all(
@@ -112,7 +130,7 @@ async fn in_one_batch(
             gate.add_permits(1);
         }
     );
-    results.into_iter().map(|r| r.unwrap()).collect()
+    results
 }
 
 /// A pool on `t`'s database once `setting` defaults to `value` there (the
@@ -267,18 +285,21 @@ async fn a_batch_reads_committed_data_whatever_the_default_isolation() {
 /// an InnoDB deadlock or a full SQLite disk does behind a handler that
 /// ignores the error), in the middle of a batch and at its end; what runs
 /// after it runs outside the batch's transaction. Every message is still
-/// applied, once: the batch notices that its transaction is gone and runs
-/// its units again alone. Without the `RELEASE` of the first savepoint
-/// before `COMMIT`, the first unit was reported processed with nothing
-/// written (SQLite and MariaDB in the middle, where the next unit's
-/// statements commit on their own; PostgreSQL at the end, where its
-/// `COMMIT` outside a transaction only warns).
+/// applied, once, and one whose handler fails after it is not: the batch
+/// notices that its transaction is gone and runs its units again alone.
+/// Without the `RELEASE` of the first savepoint before `COMMIT`, the first
+/// unit was reported processed with nothing written (SQLite and MariaDB in
+/// the middle, where the next unit's statements commit on their own;
+/// PostgreSQL at the end, where its `COMMIT` outside a transaction only
+/// warns). Without MariaDB's release of the savepoint before each unit's,
+/// the failing unit's marker and writes committed one by one, and it was
+/// reported a duplicate with its handler failed.
 async fn a_unit_that_swallows_a_rollback_loses_none_of_its_batch_mates(backend: Backend) {
     let t = TestDb::new(backend).await;
     let inbox = batching(&t.db);
-    for (batch, swallower) in [("mid", 1), ("end", 2)] {
+    for (batch, swallower, units) in [("mid", 1, 4), ("end", 2, 3)] {
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let units: Vec<(Envelope, Steps)> = (0..3)
+        let units: Vec<(Envelope, Steps)> = (0..units)
             .map(|i| {
                 let mut steps = Vec::new();
                 if i == 0 {
@@ -291,6 +312,9 @@ async fn a_unit_that_swallows_a_rollback_loses_none_of_its_batch_mates(backend: 
                         swallow: true,
                     });
                 }
+                if i == 3 {
+                    steps.push(Step::Fail);
+                }
                 let account = format!("{batch}-{i}");
                 (
                     entry_envelope(&account, &account, 10 + i as i64, None),
@@ -298,8 +322,12 @@ async fn a_unit_that_swallows_a_rollback_loses_none_of_its_batch_mates(backend: 
                 )
             })
             .collect();
-        let outcomes = in_one_batch(&inbox, &units, &gate, async {}).await;
-        assert_eq!(outcomes[0], Outcome::Processed(()), "{batch}");
+        let outcomes = in_one_batch_or_not(&inbox, &units, &gate).await;
+        assert_eq!(outcomes[0], Some(Outcome::Processed(())), "{batch}");
+        if let Some(failing) = outcomes.get(3) {
+            assert_eq!(failing, &None, "the failing unit fails");
+            assert_eq!(super::balance(&t.db, "mid-3").await, None, "nothing of it");
+        }
         for i in 0..3 {
             let account = format!("{batch}-{i}");
             assert_eq!(
@@ -310,6 +338,19 @@ async fn a_unit_that_swallows_a_rollback_loses_none_of_its_batch_mates(backend: 
         }
     }
     assert_eq!(t.count(entity::prelude::InboxMessage).await, 6);
+}
+
+/// [`in_one_batch`] for units some of which fail: `None` for those.
+async fn in_one_batch_or_not(
+    inbox: &Inbox,
+    units: &[(Envelope, Steps)],
+    gate: &tokio::sync::Semaphore,
+) -> Vec<Option<Outcome<()>>> {
+    together(inbox, units, gate, async {})
+        .await
+        .into_iter()
+        .map(Result::ok)
+        .collect()
 }
 
 on_backends!(a_unit_that_swallows_a_rollback_loses_none_of_its_batch_mates: sqlite, postgres, mysql);

@@ -240,10 +240,13 @@ impl Consumer {
     /// would otherwise send none and let the ack wait run out (the
     /// delivery then races its own redelivery).
     async fn hold_quietly(&self, msg: &jetstream::Message, pause: Duration) -> bool {
-        progress(msg).await;
+        let hold = async {
+            progress(msg).await;
+            self.keep_alive(msg, tokio::time::sleep(pause), None).await
+        };
         tokio::select! {
             () = self.stopping.cancelled() => false,
-            _ = self.keep_alive(msg, tokio::time::sleep(pause), None) => true,
+            _ = hold => true,
         }
     }
 

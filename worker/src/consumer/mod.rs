@@ -411,6 +411,8 @@ impl Consumer {
                 Handled::Done { duplicate: false }
             }
             Ok(false) => failed,
+            // The database, not the message: held, and handled again.
+            Err(err) if service::classify::is_outage(&err) => Handled::Outage(err.to_string()),
             Err(err) => {
                 tracing::debug!(error = %err, "could not ask the marker after the deadline");
                 failed

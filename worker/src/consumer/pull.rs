@@ -96,7 +96,7 @@ pub(super) async fn round(
             Some(Err(err)) => {
                 // A status the server ends a pull with (the consumer
                 // deleted, a leader change): pause before asking again.
-                tracing::debug!(error = %err, "pull ended with an error; pulling again");
+                tracing::warn!(error = %err, "pull ended with an error; pulling again");
                 tokio::select! {
                     () = cancel.cancelled() => {}
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
