@@ -206,6 +206,12 @@ impl Consumer {
             .set(0.0);
         metrics::counter!("seawall_dead_letters_total", "consumer" => self.registration.consumer.to_string())
             .increment(0);
+        let mut puller = pull::Puller::new(
+            self,
+            &consumer,
+            permits.clone(),
+            self.config.concurrency.max(1),
+        );
         while !cancel.is_cancelled() {
             // While the database is down, stop pulling: messages would only
             // wait in this process with their ack wait running.
@@ -213,10 +219,7 @@ impl Consumer {
                 () = cancel.cancelled() => break,
                 _ = self.outage.wait(None, self.progress_period(), &cancel) => {}
             }
-            let Some(slots) = pull::free_slots(&permits, &cancel).await else {
-                break;
-            };
-            pull::round(self, &consumer, slots, &mut inflight, &cancel).await;
+            puller.round(&mut inflight, &cancel).await;
         }
         self.stopping.cancel();
         while let Some(done) = inflight.join_next().await {
