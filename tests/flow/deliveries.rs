@@ -85,10 +85,11 @@ async fn a_consumer_killed_during_the_last_allowed_delivery_loses_nothing() {
     second.assert_no_panic();
 }
 
-/// Two processes whose handlers outlast the ack wait (1.5 s against 1 s),
-/// with 4 malformed messages among 100. Each message is delivered once:
-/// a process pulls no more messages than it has free slots, so none waits
-/// in its buffer while its ack wait runs out (with a streaming pull a batch
+/// Two processes whose handlers outlast the ack wait (3 s against 2 s),
+/// with 4 malformed messages among 100. Each message is delivered once: a
+/// process pulls no more messages than it has room for and marks in
+/// progress the ones it queues, so none waits while its ack wait runs out
+/// (with a streaming pull a batch
 /// ahead, buffered messages were handed to the other process as copies,
 /// which raced their originals; a malformed one was dead-lettered by both,
 /// 9 or 10 rows for 8 messages, before the unique index over open dead
@@ -99,7 +100,7 @@ async fn two_consumers_with_handlers_longer_than_the_ack_wait_get_each_message_o
     let settings = env(
         &t.url,
         &nats.url(),
-        &[("TESTBED_WORK_MS", "1500"), ("SEAWALL_ACK_WAIT_MS", "1000")],
+        &[("TESTBED_WORK_MS", "3000"), ("SEAWALL_ACK_WAIT_MS", "2000")],
     );
     let processes = [
         Seawall::spawn(&["consume"], &settings),
