@@ -124,6 +124,37 @@ struct Maintenance {
     prune_interval: Duration,
 }
 
+impl Maintenance {
+    /// The pruner (and, for consumers, the claim sweeper) of a process that
+    /// relays or consumes; `None` for the API alone, which leaves cleaning
+    /// up to the processes that run the loops.
+    fn for_roles(
+        settings: &Settings,
+        roles: Roles,
+        db: &DatabaseConnection,
+        retention: PruneConfig,
+    ) -> Option<Self> {
+        // A deployment that only produces (relays, no consumers) must
+        // still prune its outbox and rollup, so relays prune too.
+        (roles.consume || roles.relay).then(|| Self {
+            db: db.clone(),
+            sweep: roles.consume.then(|| {
+                (
+                    settings.sweep(),
+                    Duration::from_millis(settings.sweep_interval_ms),
+                )
+            }),
+            // Markers are the consumers' to prune: a relay's settings need
+            // not know their redelivery horizon.
+            retention: PruneConfig {
+                inbox: retention.inbox.filter(|_| roles.consume),
+                ..retention
+            },
+            prune_interval: Duration::from_millis(settings.prune_interval_ms),
+        })
+    }
+}
+
 impl Application {
     /// Checks the settings, applies migrations, connects to NATS and
     /// provisions the stream and the durable consumers.
@@ -150,38 +181,12 @@ impl Application {
         let client = nats.client;
         let js = jetstream::new(client.clone());
         if roles.workers() {
-            let relay = settings.relay();
-            wait_out_broker("setting up the stream", || async {
-                worker::ensure_stream(&js, &domain.stream).await?;
-                worker::check_duplicate_window(
-                    &js,
-                    &domain.stream.name,
-                    relay.lease,
-                    relay.retry_max,
-                )
-                .await
-            })
-            .await?;
+            provision_stream(settings, &js, &domain.stream).await?;
         }
         let wal = settings.outbox_mode == service::OutboxMode::Wal;
-        // Events written before the slot exists would never reach it, so
-        // every process that may write events makes sure it does first.
-        if wal && roles.workers() {
-            startup::now_doing("preparing the WAL slot");
-            worker::relay::wal::prepare(&db, &settings.wal_slot()).await?;
-        }
-        // Consumers write their handlers' events; in table mode, on a
-        // database in WAL mode, they would reorder a key's events.
-        if !wal && roles.consume && db.get_database_backend() == sea_orm::DbBackend::Postgres {
-            service::wal::slot::check_table_mode(&db).await?;
-        }
+        prepare_outbox_mode(settings, roles, wal, &db).await?;
         let wal_relay = if roles.relay && wal {
-            let config = WalRelayConfig {
-                server_errors: Some(nats.server_errors.clone()),
-                ..settings.wal_relay()
-            };
-            let wal_db = connect_wal_relay(&settings.database_url).await?;
-            Some(WalRelay::new(wal_db, js.clone(), config))
+            Some(build_wal_relay(settings, &js, nats.server_errors.clone()).await?)
         } else {
             None
         };
@@ -197,68 +202,15 @@ impl Application {
             Relay::new(db.clone(), js.clone(), config, wake.clone())
         });
         let consumers = if roles.consume {
-            let inbox = Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()))
-                .with_outbox(service::Outbox::new(settings.outbox_mode))
-                .with_batching(
-                    settings.inbox_batch(db.get_database_backend()),
-                    settings.inbox_lanes(domain.registry.registrations().len()),
-                );
+            let inbox = consumers_inbox(settings, &domain, &db, &wake);
             consumers(settings, &domain, inbox, &js).await?
         } else {
             Vec::new()
         };
-        // A deployment that only produces (relays, no consumers) must
-        // still prune its outbox and rollup, so relays prune too.
-        let maintenance = (roles.consume || roles.relay).then(|| Maintenance {
-            db: db.clone(),
-            sweep: roles.consume.then(|| {
-                (
-                    settings.sweep(),
-                    Duration::from_millis(settings.sweep_interval_ms),
-                )
-            }),
-            // Markers are the consumers' to prune: a relay's settings need
-            // not know their redelivery horizon.
-            retention: PruneConfig {
-                inbox: retention.inbox.filter(|_| roles.consume),
-                ..retention
-            },
-            prune_interval: Duration::from_millis(settings.prune_interval_ms),
-        });
-        let reads = match &settings.admin_database_url {
-            Some(url) if roles.api => Some(
-                connect_admin_reads(url)
-                    .await
-                    .context("connecting to the admin read replica (admin_database_url)")?,
-            ),
-            _ => None,
-        };
-        // A process without the admin API serves its probes and metrics on
-        // a listener of its own, bound here so a taken port stops start-up.
-        // Each consumer's own readiness (not paused for an outage), asked
-        // by whichever listener serves this process's /readyz.
-        let checks: Vec<api::probes::RoleCheck> = consumers
-            .iter()
-            .map(|c| {
-                let health = c.health();
-                Arc::new(move || health.problem()) as api::probes::RoleCheck
-            })
-            .collect();
-        let probes = match settings.metrics_addr() {
-            Some(addr) if !roles.api => {
-                let listener = api::probes::bind(addr)
-                    .await
-                    .context("serving probes and metrics (metrics_addr)")?;
-                let probes = api::probes::Probes {
-                    db: db.clone(),
-                    nats: Some(client.clone()),
-                    metrics: metrics.clone(),
-                    checks: checks.clone(),
-                };
-                Some((listener, probes))
-            }
-            _ => None,
-        };
+        let maintenance = Maintenance::for_roles(settings, roles, &db, retention);
+        let reads = connect_admin_reads_for(settings, roles).await?;
+        let checks = readiness_checks(&consumers);
+        let probes = bind_probes(settings, roles, &db, &client, metrics.as_ref(), &checks).await?;
         let tokens = settings.api_tokens()?;
         let api = roles.api.then(|| {
             let state = api::AppState {
@@ -270,15 +222,7 @@ impl Application {
                 metrics,
                 stats: Default::default(),
                 checks,
-                config: Arc::new(api::ApiConfig {
-                    tokens,
-                    prune: Some(retention),
-                    replay_subjects: replay_subjects(&domain),
-                    wal_slot: wal.then(|| settings.wal_slot()),
-                    stream: Some(domain.stream.name.clone()),
-                    stats_max_age: Duration::from_millis(settings.stats_max_age_ms),
-                    ..api::ApiConfig::default()
-                }),
+                config: Arc::new(api_config(settings, &domain, wal, retention, tokens)),
             };
             (settings.api_addr, state)
         });
@@ -361,6 +305,79 @@ impl Application {
     }
 }
 
+/// Creates or updates the stream before the relay publishes into it or a
+/// consumer reads from it, waiting out a broker that cannot answer yet; and
+/// refuses a duplicate window shorter than a relay may take to republish a
+/// row (its lease, its retry backoff), which would store that event twice.
+async fn provision_stream(
+    settings: &Settings,
+    js: &jetstream::Context,
+    stream: &StreamSpec,
+) -> Result<()> {
+    let relay = settings.relay();
+    wait_out_broker("setting up the stream", || async {
+        worker::ensure_stream(js, stream).await?;
+        worker::check_duplicate_window(js, &stream.name, relay.lease, relay.retry_max).await
+    })
+    .await?;
+    Ok(())
+}
+
+/// Makes sure the database is in the outbox mode the settings say before
+/// this process writes an event: in the other mode its events would be
+/// lost or reordered.
+async fn prepare_outbox_mode(
+    settings: &Settings,
+    roles: Roles,
+    wal: bool,
+    db: &DatabaseConnection,
+) -> Result<()> {
+    // Events written before the slot exists would never reach it, so
+    // every process that may write events makes sure it does first.
+    if wal && roles.workers() {
+        startup::now_doing("preparing the WAL slot");
+        worker::relay::wal::prepare(db, &settings.wal_slot()).await?;
+    }
+    // Consumers write their handlers' events; in table mode, on a
+    // database in WAL mode, they would reorder a key's events.
+    if !wal && roles.consume && db.get_database_backend() == sea_orm::DbBackend::Postgres {
+        service::wal::slot::check_table_mode(db).await?;
+    }
+    Ok(())
+}
+
+/// The WAL relay, on a pool of its own (see `connect_wal_relay`) and told
+/// the broker's asynchronous errors, so a refused publish names its cause.
+async fn build_wal_relay(
+    settings: &Settings,
+    js: &jetstream::Context,
+    server_errors: worker::ServerErrors,
+) -> Result<WalRelay> {
+    let config = WalRelayConfig {
+        server_errors: Some(server_errors),
+        ..settings.wal_relay()
+    };
+    let wal_db = connect_wal_relay(&settings.database_url).await?;
+    Ok(WalRelay::new(wal_db, js.clone(), config))
+}
+
+/// The inbox every consumer shares: one executor whose commits wake the
+/// relay, so a handler's events are published without waiting for a poll,
+/// and one batching policy sized for all the consumers' lanes.
+fn consumers_inbox(
+    settings: &Settings,
+    domain: &Domain,
+    db: &DatabaseConnection,
+    wake: &Arc<Notify>,
+) -> Inbox {
+    Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()))
+        .with_outbox(service::Outbox::new(settings.outbox_mode))
+        .with_batching(
+            settings.inbox_batch(db.get_database_backend()),
+            settings.inbox_lanes(domain.registry.registrations().len()),
+        )
+}
+
 /// One consumer per registration, its durable consumer provisioned.
 async fn consumers(
     settings: &Settings,
@@ -381,6 +398,66 @@ async fn consumers(
         consumers.push(consumer);
     }
     Ok(consumers)
+}
+
+/// Each consumer's own readiness (not paused for an outage), asked
+/// by whichever listener serves this process's /readyz.
+fn readiness_checks(consumers: &[Consumer]) -> Vec<api::probes::RoleCheck> {
+    consumers
+        .iter()
+        .map(|c| {
+            let health = c.health();
+            Arc::new(move || health.problem()) as api::probes::RoleCheck
+        })
+        .collect()
+}
+
+/// A process without the admin API serves its probes and metrics on
+/// a listener of its own, bound here so a taken port stops start-up.
+async fn bind_probes(
+    settings: &Settings,
+    roles: Roles,
+    db: &DatabaseConnection,
+    client: &async_nats::Client,
+    metrics: Option<&PrometheusHandle>,
+    checks: &[api::probes::RoleCheck],
+) -> Result<Option<(tokio::net::TcpListener, api::probes::Probes)>> {
+    match settings.metrics_addr() {
+        Some(addr) if !roles.api => {
+            let listener = api::probes::bind(addr)
+                .await
+                .context("serving probes and metrics (metrics_addr)")?;
+            let probes = api::probes::Probes {
+                db: db.clone(),
+                nats: Some(client.clone()),
+                metrics: metrics.cloned(),
+                checks: checks.to_vec(),
+            };
+            Ok(Some((listener, probes)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The admin API's own settings, with what it can only learn from this
+/// process: the domain's stream and replay subjects, and the WAL slot
+/// whose backlog it reports.
+fn api_config(
+    settings: &Settings,
+    domain: &Domain,
+    wal: bool,
+    retention: PruneConfig,
+    tokens: Vec<api::auth::Token>,
+) -> api::ApiConfig {
+    api::ApiConfig {
+        tokens,
+        prune: Some(retention),
+        replay_subjects: replay_subjects(domain),
+        wal_slot: wal.then(|| settings.wal_slot()),
+        stream: Some(domain.stream.name.clone()),
+        stats_max_age: Duration::from_millis(settings.stats_max_age_ms),
+        ..api::ApiConfig::default()
+    }
 }
 
 /// Where the API replays each consumer's dead letters.
@@ -470,6 +547,24 @@ async fn connect_wal_relay(url: &str) -> Result<DatabaseConnection> {
     sea_orm::Database::connect(opts)
         .await
         .with_context(|| connecting_to(url))
+}
+
+/// The admin API's read replica, when this process serves the API and
+/// one is set: opened at start-up so that a replica setting that can
+/// never work stops it (see `connect_admin_reads`).
+async fn connect_admin_reads_for(
+    settings: &Settings,
+    roles: Roles,
+) -> Result<Option<DatabaseConnection>> {
+    match &settings.admin_database_url {
+        Some(url) if roles.api => {
+            let reads = connect_admin_reads(url)
+                .await
+                .context("connecting to the admin read replica (admin_database_url)")?;
+            Ok(Some(reads))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Opens the admin API's read replica pool. Lazily: a replica that is down

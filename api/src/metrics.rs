@@ -184,6 +184,25 @@ pub async fn render(State(state): State<AppState>) -> Response {
 /// registered ones, always have a series).
 fn table_gauges(observed: &crate::stats::Observed, consumers: &[&str]) -> String {
     let mut out = Gauges::default();
+    reading_gauges(&mut out, observed);
+    let Some(snapshot) = &observed.snapshot else {
+        return out.text;
+    };
+    row_count_gauges(&mut out, &snapshot.stats, consumers);
+    if let Some(wal) = &snapshot.stats.wal {
+        wal_slot_gauges(&mut out, wal);
+    }
+    if let Some(replica) = &snapshot.replica {
+        replica_gauges(&mut out, replica);
+    }
+    backlog_gauges(&mut out, snapshot, consumers);
+    out.text
+}
+
+/// Whether the last reading succeeded and when one last did: written even
+/// when the reading failed, since they are what tells a dashboard that the
+/// other table gauges are missing rather than zero.
+fn reading_gauges(out: &mut Gauges, observed: &crate::stats::Observed) {
     out.family(
         "seawall_stats_up",
         "1 when the last reading of the table statistics succeeded; 0 while the database (or replica) cannot be read, and the table gauges are left out",
@@ -203,10 +222,12 @@ fn table_gauges(observed: &crate::stats::Observed, consumers: &[&str]) -> String
         );
         out.sample(&[], at.timestamp_millis() as f64 / 1000.0);
     }
-    let Some(snapshot) = &observed.snapshot else {
-        return out.text;
-    };
-    let stats = &snapshot.stats;
+}
+
+/// The outbox, inbox and dead-letter counts and the oldest pending row's
+/// age: the numbers the dashboard's counters show, so that an alert can
+/// watch them too.
+fn row_count_gauges(out: &mut Gauges, stats: &service::stats::Stats, consumers: &[&str]) {
     out.family(
         "seawall_outbox_rows",
         "Outbox rows by status (published may be an estimate on large PostgreSQL tables)",
@@ -246,47 +267,64 @@ fn table_gauges(observed: &crate::stats::Observed, consumers: &[&str]) -> String
         "Age of the oldest pending outbox row (0 when none is pending)",
     );
     out.sample(&[], stats.oldest_pending_age_seconds.unwrap_or(0.0));
-    if let Some(wal) = &stats.wal {
+}
+
+/// The WAL outbox slot's state, only in `outbox_mode = wal`: its events
+/// never pass through the outbox table, so a backlog or a loss shows in the
+/// slot and not in the row counts.
+fn wal_slot_gauges(out: &mut Gauges, wal: &service::wal::Backlog) {
+    out.family(
+        "seawall_wal_slot_active",
+        "1 while a relay reads the WAL outbox slot (outbox_mode = wal), 0 while none does",
+    );
+    out.sample(&[], if wal.active { 1.0 } else { 0.0 });
+    out.family(
+        "seawall_wal_retained_bytes",
+        "WAL PostgreSQL keeps for the WAL outbox slot, in bytes",
+    );
+    out.sample(&[], wal.retained_bytes as f64);
+    out.family(
+        "seawall_wal_behind_bytes",
+        "WAL written since the WAL relay's last confirmed position, in bytes",
+    );
+    out.sample(&[], wal.behind_bytes as f64);
+    out.family(
+        "seawall_wal_slot_at_risk",
+        "1 while PostgreSQL keeps less WAL than the WAL outbox slot needs (wal_status unreserved: the next checkpoint may remove WAL not yet relayed; lost: it did), 0 otherwise",
+    );
+    out.sample(&[], if wal.at_risk() { 1.0 } else { 0.0 });
+    if let Some(at) = wal.recreated_at_seconds {
         out.family(
-            "seawall_wal_slot_active",
-            "1 while a relay reads the WAL outbox slot (outbox_mode = wal), 0 while none does",
+            "seawall_wal_slot_recreated_timestamp_seconds",
+            "When the WAL outbox slot was last found gone and made again (events committed while it was gone were not relayed; see wal_slot_loss)",
         );
-        out.sample(&[], if wal.active { 1.0 } else { 0.0 });
-        out.family(
-            "seawall_wal_retained_bytes",
-            "WAL PostgreSQL keeps for the WAL outbox slot, in bytes",
-        );
-        out.sample(&[], wal.retained_bytes as f64);
-        out.family(
-            "seawall_wal_behind_bytes",
-            "WAL written since the WAL relay's last confirmed position, in bytes",
-        );
-        out.sample(&[], wal.behind_bytes as f64);
-        out.family(
-            "seawall_wal_slot_at_risk",
-            "1 while PostgreSQL keeps less WAL than the WAL outbox slot needs (wal_status unreserved: the next checkpoint may remove WAL not yet relayed; lost: it did), 0 otherwise",
-        );
-        out.sample(&[], if wal.at_risk() { 1.0 } else { 0.0 });
-        if let Some(at) = wal.recreated_at_seconds {
-            out.family(
-                "seawall_wal_slot_recreated_timestamp_seconds",
-                "When the WAL outbox slot was last found gone and made again (events committed while it was gone were not relayed; see wal_slot_loss)",
-            );
-            out.sample(&[], at);
-        }
+        out.sample(&[], at);
     }
-    if let Some(replica) = &snapshot.replica {
-        if let Some(streaming) = replica.streaming {
-            out.family("seawall_admin_replica_streaming", "1 while the admin API's read replica streams WAL from a primary, 0 while it is cut off (its lag is then unknown and left out)");
-            out.sample(&[], if streaming { 1.0 } else { 0.0 });
-        }
-        // A replica cut off from its primary has replayed all it received,
-        // so its lag would read 0: left out instead.
-        if let (Some(lag), false) = (replica.lag_seconds, replica.streaming == Some(false)) {
-            out.family("seawall_admin_replica_lag_seconds", "Age of the last transaction the admin API's read replica replayed (0 when caught up)");
-            out.sample(&[], lag);
-        }
+}
+
+/// The admin API's read replica, when it reads from one: its numbers are
+/// only as current as the replica, so how far behind it is belongs beside
+/// them.
+fn replica_gauges(out: &mut Gauges, replica: &service::replica::ReplicaStatus) {
+    if let Some(streaming) = replica.streaming {
+        out.family("seawall_admin_replica_streaming", "1 while the admin API's read replica streams WAL from a primary, 0 while it is cut off (its lag is then unknown and left out)");
+        out.sample(&[], if streaming { 1.0 } else { 0.0 });
     }
+    // A replica cut off from its primary has replayed all it received,
+    // so its lag would read 0: left out instead.
+    if let (Some(lag), false) = (replica.lag_seconds, replica.streaming == Some(false)) {
+        out.family(
+            "seawall_admin_replica_lag_seconds",
+            "Age of the last transaction the admin API's read replica replayed (0 when caught up)",
+        );
+        out.sample(&[], lag);
+    }
+}
+
+/// Each registered consumer's JetStream backlog, and whether JetStream
+/// could describe it: the backlog is the broker's count, so a consumer it
+/// could not describe is marked unknown rather than shown as empty.
+fn backlog_gauges(out: &mut Gauges, snapshot: &crate::stats::Snapshot, consumers: &[&str]) {
     out.family(
         "seawall_consumer_backlog_known",
         "1 when JetStream described the consumer at the last reading; 0 when it could not (the broker unreachable, the consumer not created yet): its backlog gauges are then left out",
@@ -320,7 +358,6 @@ fn table_gauges(observed: &crate::stats::Observed, consumers: &[&str]) -> String
             }
         }
     }
-    out.text
 }
 
 /// Prometheus text format, written by hand for the gauges the recorder

@@ -13,7 +13,6 @@ use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMes
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use migration::MigratorTrait;
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -25,9 +24,13 @@ use testkit::ledger::{
     Recorded,
 };
 
-use crate::cpu::CpuSample;
+use crate::cpu::{CpuSample, PerThousand};
 use crate::pg::{self, PgServer};
 use crate::report::{Column, Figures, Report, quantile};
+
+mod rows;
+
+use rows::{backlog_rows, open_slow_flush, open_sqlite, steady_rows};
 
 /// Messages sent through before measuring (then `ANALYZE` on PostgreSQL).
 const WARM_UP: u64 = 2_000;
@@ -330,180 +333,198 @@ fn report(messages: u64) -> Report {
     report
 }
 
-/// Runs the scenario on SQLite and PostgreSQL.
-pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Report> {
-    let mut report = report(messages);
+/// Installs the recorder the batch sizes are read from ([`batch_means`]):
+/// the process records into whichever recorder is global, so it goes in
+/// before the first row starts one.
+fn install_recorder() -> Result<Snapshotter> {
     let recorder = DebuggingRecorder::new();
     let batches = recorder.snapshotter();
     recorder
         .install()
         .context("installing the recorder the batch sizes are read from")?;
+    Ok(batches)
+}
+
+/// What every row shares: the NATS server and this process's connections
+/// to it, the recorder's snapshotter and the number of messages a row sends.
+struct Bench<'a> {
+    nats_url: &'a str,
+    js: &'a jetstream::Context,
+    client: &'a async_nats::Client,
+    batches: &'a Snapshotter,
+    messages: u64,
+}
+
+/// What one row measured.
+struct Measured {
+    /// Messages per second.
+    rate: f64,
+    /// Each message's delay in milliseconds, sorted; empty for a backlog row.
+    delays: Vec<f64>,
+    /// CPU per 1,000 messages, by party.
+    cpu: PerThousand,
+    /// Mean deliveries per inbox commit; `None` without group commit.
+    inbox_batch: Option<f64>,
+    /// Mean rows per relay round.
+    relay_batch: Option<f64>,
+}
+
+impl Bench<'_> {
+    /// Sends up to [`WARM_UP`] messages through the row's path (ids
+    /// `warm_run`), then `ANALYZE`s on PostgreSQL, so the measured run meets
+    /// warm caches and planner statistics of filled tables.
+    async fn warm_up(
+        &self,
+        db: &DatabaseConnection,
+        setup: Setup<'_>,
+        warm_run: &str,
+    ) -> Result<()> {
+        let warm = WARM_UP.min(self.messages);
+        measure(
+            db.clone(),
+            self.nats_url,
+            self.js,
+            self.client,
+            warm,
+            warm_run,
+            setup,
+        )
+        .await?;
+        if db.get_database_backend() == sea_orm::DbBackend::Postgres {
+            db.execute_unprepared("ANALYZE").await?;
+        }
+        Ok(())
+    }
+
+    /// Warms the row's path up and measures it, as a backlog or `steady`
+    /// (paced); the CPU and the batch sizes are taken around the measured
+    /// run alone, so the warm-up does not count.
+    async fn measure_row(
+        &self,
+        db: &DatabaseConnection,
+        setup: Setup<'_>,
+        steady: bool,
+    ) -> Result<Measured> {
+        let load = if steady { "steady" } else { "backlog" };
+        let batch = setup.inbox_batch;
+        let run = format!("e2e-{load}-{batch:?}");
+        let warm_run = format!("e2e-warm-{load}-{batch:?}");
+        self.warm_up(db, setup, &warm_run).await?;
+        batch_means(self.batches);
+        let before = CpuSample::now();
+        let (rate, delays, sent) = if steady {
+            let sent = (PACED_PER_S * PACED_SECONDS).min(self.messages);
+            let (rate, delays) = paced(
+                db.clone(),
+                self.nats_url,
+                self.js,
+                self.client,
+                sent,
+                &run,
+                setup,
+            )
+            .await?;
+            (rate, delays, sent)
+        } else {
+            let rate = measure(
+                db.clone(),
+                self.nats_url,
+                self.js,
+                self.client,
+                self.messages,
+                &run,
+                setup,
+            )
+            .await?;
+            (rate, Vec::new(), self.messages)
+        };
+        if let Some(url) = setup.wal_url {
+            drop_slot(db, url).await?;
+        }
+        let cpu = CpuSample::now().since(&before).per_thousand(sent);
+        let (inbox_batch, relay_batch) = batch_means(self.batches);
+        Ok(Measured {
+            rate,
+            delays,
+            cpu,
+            inbox_batch,
+            relay_batch,
+        })
+    }
+}
+
+impl Measured {
+    /// The row's line on stderr, so a run of many minutes shows each row as
+    /// it ends.
+    fn print(&self, label: &str) {
+        let rate = self.rate;
+        let delay = if self.delays.is_empty() {
+            String::new()
+        } else {
+            format!(", delay p99 {:.2} ms", quantile(&self.delays, 0.99))
+        };
+        eprintln!(
+            "  {label}: {rate:.0} messages/s, {:.1} deliveries per inbox commit, {:.1} rows per relay round{delay}",
+            self.inbox_batch.unwrap_or(1.0),
+            self.relay_batch.unwrap_or(f64::NAN)
+        );
+    }
+
+    /// The row's figures; the delays only where they were measured (the
+    /// paced rows), so a backlog row shows `-` rather than zero.
+    fn figures(&self) -> Figures {
+        let mut figures = Figures::new();
+        if !self.delays.is_empty() {
+            figures = figures
+                .with("delay_p50_ms", quantile(&self.delays, 0.5))
+                .with("delay_p99_ms", quantile(&self.delays, 0.99))
+                .with("delay_max_ms", quantile(&self.delays, 1.0));
+        }
+        figures
+            .with("messages_per_s", self.rate)
+            .with("cpu_ms_per_1k_total", self.cpu.total())
+            .with("cpu_ms_per_1k_seawall", self.cpu.this)
+            .with("cpu_ms_per_1k_postgres", self.cpu.postgres)
+            .with("cpu_ms_per_1k_nats", self.cpu.nats)
+            .with("inbox_batch_mean", self.inbox_batch.unwrap_or(1.0))
+            .with("relay_batch_mean", self.relay_batch.unwrap_or(f64::NAN))
+    }
+}
+
+/// Runs the scenario on SQLite and PostgreSQL.
+pub async fn run(pg: &mut PgServer, nats_url: &str, messages: u64) -> Result<Report> {
+    let mut report = report(messages);
+    let batches = install_recorder()?;
     let client = seawall::nats::connect(nats_url).await?;
     report.version("nats-server", client.server_info().version.clone());
     let js = jetstream::new(client.clone());
     let dir = tempfile::tempdir()?;
-    let sqlite = service::db::connect(
-        &format!("sqlite://{}?mode=rwc", dir.path().join("e2e.db").display()),
-        16,
-    )
-    .await?;
-    migration::Migrator::up(&sqlite, None).await?;
-    testkit::ledger::create_tables(&sqlite).await?;
+    let sqlite = open_sqlite(dir.path()).await?;
     let (pg_db, _) = pg.fresh("e2e").await?;
     let (wal_db, wal_url) = pg.fresh("e2ewal").await?;
     report.version("PostgreSQL", pg::version(&pg_db).await?);
-    // `commit_siblings = 0`: every flush waits, not only those with five
-    // other transactions open.
-    let (_, slow_url) = pg.fresh("e2eslow").await?;
-    let slow_db = service::db::connect(
-        &format!(
-            "{slow_url}?options%5Bcommit_delay%5D={SLOW_FLUSH_US}&options%5Bcommit_siblings%5D=0"
-        ),
-        32,
-    )
-    .await
-    .context("connecting with commit_delay set (the slow-flush rows need a superuser)")?;
-    let slow_wait = pg::flush_wait_ms(&slow_db).await?;
-    report.setup(
-        "slow flush",
-        format!(
-            "rows so named run on a database whose sessions set commit_delay = {SLOW_FLUSH_US} us and commit_siblings = 0, as on storage where a flush takes {} ms: a commit's WAL flush {slow_wait:.3} ms, measured as on the versions line; commits that arrive during a flush share the next one",
-            f64::from(SLOW_FLUSH_US) / 1_000.0
-        ),
-    );
-    let backlog = [
-        (
-            "SQLite, one commit per message (INBOX_BATCH = 1)",
-            sqlite.clone(),
-            None,
-            Some(1),
-        ),
-        ("SQLite", sqlite.clone(), None, None),
-        (
-            "PostgreSQL, one commit per message (INBOX_BATCH = 1)",
-            pg_db.clone(),
-            None,
-            Some(1),
-        ),
-        ("PostgreSQL", pg_db.clone(), None, None),
-        (
-            "PostgreSQL, batches of up to 4 (INBOX_BATCH = 4)",
-            pg_db.clone(),
-            None,
-            Some(4),
-        ),
-        (
-            "PostgreSQL, batches of up to 8 (INBOX_BATCH = 8)",
-            pg_db.clone(),
-            None,
-            Some(8),
-        ),
-        (
-            "PostgreSQL, WAL outbox (outbox_mode = wal)",
-            wal_db,
-            Some(wal_url.as_str()),
-            None,
-        ),
-        (
-            "PostgreSQL, slow flush, one commit per message (INBOX_BATCH = 1)",
-            slow_db.clone(),
-            None,
-            Some(1),
-        ),
-        ("PostgreSQL, slow flush", slow_db.clone(), None, None),
-        (
-            "PostgreSQL, slow flush, batches of up to 4 (INBOX_BATCH = 4)",
-            slow_db.clone(),
-            None,
-            Some(4),
-        ),
-        (
-            "PostgreSQL, slow flush, batches of up to 8 (INBOX_BATCH = 8)",
-            slow_db,
-            None,
-            Some(8),
-        ),
-    ];
-    // The same paths at a steady 1,000 requests a second, far below what
-    // they drain: what group commit costs a message's delay when there is
-    // little to batch.
-    let steady = [
-        (
-            "SQLite, 1,000/s, one commit per message (INBOX_BATCH = 1)",
-            sqlite.clone(),
-            None,
-            Some(1),
-        ),
-        ("SQLite, 1,000/s", sqlite, None, None),
-        (
-            "PostgreSQL, 1,000/s, one commit per message (INBOX_BATCH = 1)",
-            pg_db.clone(),
-            None,
-            Some(1),
-        ),
-        ("PostgreSQL, 1,000/s", pg_db, None, None),
-    ];
+    let slow_db = open_slow_flush(pg, &mut report).await?;
+    let backlog = backlog_rows(&sqlite, &pg_db, wal_db, &wal_url, slow_db);
+    let steady = steady_rows(sqlite, pg_db);
     let rows = backlog
         .into_iter()
         .map(|row| (row, false))
         .chain(steady.into_iter().map(|row| (row, true)));
+    let bench = Bench {
+        nats_url,
+        js: &js,
+        client: &client,
+        batches: &batches,
+        messages,
+    };
     for ((label, db, wal, batch), steady) in rows {
-        let warm = WARM_UP.min(messages);
-        let load = if steady { "steady" } else { "backlog" };
-        let run = format!("e2e-{load}-{batch:?}");
-        let warm_run = format!("e2e-warm-{load}-{batch:?}");
         let setup = Setup {
             wal_url: wal,
             inbox_batch: batch,
         };
-        measure(db.clone(), nats_url, &js, &client, warm, &warm_run, setup).await?;
-        if db.get_database_backend() == sea_orm::DbBackend::Postgres {
-            db.execute_unprepared("ANALYZE").await?;
-        }
-        batch_means(&batches);
-        let before = CpuSample::now();
-        let (rate, delays, sent) = if steady {
-            let sent = (PACED_PER_S * PACED_SECONDS).min(messages);
-            let (rate, delays) =
-                paced(db.clone(), nats_url, &js, &client, sent, &run, setup).await?;
-            (rate, delays, sent)
-        } else {
-            let rate = measure(db.clone(), nats_url, &js, &client, messages, &run, setup).await?;
-            (rate, Vec::new(), messages)
-        };
-        if let Some(url) = wal {
-            drop_slot(&db, url).await?;
-        }
-        let cpu = CpuSample::now().since(&before).per_thousand(sent);
-        let (inbox_batch, relay_batch) = batch_means(&batches);
-        let delay = if delays.is_empty() {
-            String::new()
-        } else {
-            format!(", delay p99 {:.2} ms", quantile(&delays, 0.99))
-        };
-        eprintln!(
-            "  {label}: {rate:.0} messages/s, {:.1} deliveries per inbox commit, {:.1} rows per relay round{delay}",
-            inbox_batch.unwrap_or(1.0),
-            relay_batch.unwrap_or(f64::NAN)
-        );
-        let mut figures = Figures::new();
-        if !delays.is_empty() {
-            figures = figures
-                .with("delay_p50_ms", quantile(&delays, 0.5))
-                .with("delay_p99_ms", quantile(&delays, 0.99))
-                .with("delay_max_ms", quantile(&delays, 1.0));
-        }
-        report.row(
-            label,
-            figures
-                .with("messages_per_s", rate)
-                .with("cpu_ms_per_1k_total", cpu.total())
-                .with("cpu_ms_per_1k_seawall", cpu.this)
-                .with("cpu_ms_per_1k_postgres", cpu.postgres)
-                .with("cpu_ms_per_1k_nats", cpu.nats)
-                .with("inbox_batch_mean", inbox_batch.unwrap_or(1.0))
-                .with("relay_batch_mean", relay_batch.unwrap_or(f64::NAN)),
-        );
+        let measured = bench.measure_row(&db, setup, steady).await?;
+        measured.print(label);
+        report.row(label, measured.figures());
     }
     Ok(report)
 }

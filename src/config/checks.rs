@@ -9,6 +9,24 @@ impl Settings {
     /// Every value start-up can check without connecting: a bad one names
     /// its key.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let scheme = self.check_urls()?;
+        self.check_counts()?;
+        self.check_patience()?;
+        self.check_naks()?;
+        self.check_claim_lease()?;
+        self.check_metrics_addr()?;
+        self.check_admin_token()?;
+        self.api_tokens()?;
+        self.check_outbox_mode(scheme)?;
+        self.check_files()?;
+        crate::nats::check(self)
+    }
+
+    /// The database URL names an engine seawall runs on, a read replica the
+    /// same engine, and the NATS URL looks like one: a typo here would
+    /// otherwise surface as a connection error that hides the key. Returns
+    /// the database URL's scheme, which later checks depend on.
+    fn check_urls(&self) -> Result<&str, ConfigError> {
         let scheme = self.database_url.split(':').next().unwrap_or_default();
         if !matches!(scheme, "sqlite" | "postgres" | "postgresql" | "mysql") {
             return Err(invalid(
@@ -40,6 +58,13 @@ impl Settings {
                 "expected a URL like nats://127.0.0.1:4222",
             ));
         }
+        Ok(scheme)
+    }
+
+    /// Counts, sizes and intervals are in range: a zero would stall or spin
+    /// the loop it drives, and a batch past the group limit would slow every
+    /// session of the database down.
+    fn check_counts(&self) -> Result<(), ConfigError> {
         if self.db_max_connections == Some(0) {
             return Err(invalid("db_max_connections", "must be at least 1"));
         }
@@ -87,8 +112,12 @@ impl Settings {
         if self.duplicate_window_ms == 0 {
             return Err(invalid("duplicate_window_ms", "must be at least 1"));
         }
-        self.check_patience()?;
-        self.check_naks()?;
+        Ok(())
+    }
+
+    /// A claim outlasts the handling time it covers: otherwise an effect
+    /// still within its time could be taken over and performed twice.
+    fn check_claim_lease(&self) -> Result<(), ConfigError> {
         if self.claim_lease_ms < self.max_handling_ms {
             return Err(invalid(
                 "claim_lease_ms",
@@ -98,6 +127,12 @@ impl Settings {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The probes' address parses, or is `off`: a typo would otherwise
+    /// leave the process without probes or metrics and nothing said.
+    fn check_metrics_addr(&self) -> Result<(), ConfigError> {
         if self.metrics_addr != "off" && self.metrics_addr.parse::<SocketAddr>().is_err() {
             return Err(invalid(
                 "metrics_addr",
@@ -107,6 +142,12 @@ impl Settings {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// An admin token, when set, is a secret of the deployment's own: an
+    /// empty one is a slip, and the manifests' placeholder is known to all.
+    fn check_admin_token(&self) -> Result<(), ConfigError> {
         if matches!(&self.admin_token, Some(t) if t.trim().is_empty()) {
             return Err(invalid("admin_token", "must not be empty when set"));
         }
@@ -116,10 +157,7 @@ impl Settings {
                 "is still the manifests' placeholder CHANGE-ME; set a secret of your own",
             ));
         }
-        self.api_tokens()?;
-        self.check_outbox_mode(scheme)?;
-        self.check_files()?;
-        crate::nats::check(self)
+        Ok(())
     }
 
     /// The nak schedule grows, and a failing message's deliveries (each

@@ -166,6 +166,28 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
     }
     let database = one_text(db, "SELECT current_database()::text AS value").await?;
     publication(db, slot).await?;
+    drop_lost_slot(db, slot).await?;
+    if slot_row(db, slot).await?.is_none() {
+        forget_old_position(db, slot).await?;
+        create_slot(db, slot).await?;
+    }
+    wait_consistent(db, slot).await?;
+    let loss = restarted(db, slot).await?;
+    check_slot(db, slot, &database).await?;
+    // The database is in WAL mode from here: its row says which slot
+    // relays it (a session's position and generation go in it later).
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, 0) ON CONFLICT (slot) DO NOTHING",
+        [slot.into()],
+    ))
+    .await?;
+    Ok(loss)
+}
+
+/// Drops the slot when PostgreSQL invalidated it (`wal_status = 'lost'`),
+/// so that it is made again: the relay cannot read past such a slot.
+async fn drop_lost_slot(db: &DatabaseConnection, slot: &str) -> Result<(), DbErr> {
     // Nothing can be decoded from an invalidated slot any more. Dropped
     // only while it is still the lost one: another relay may have made a
     // new one of the same name meanwhile.
@@ -176,44 +198,60 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
         [slot.into()],
     ))
     .await?;
-    if slot_row(db, slot).await?.is_none() {
-        // A new slot starts at its creation; an old slot's position says
-        // nothing about it, except that there was an old slot: its loss is
-        // recorded in the same statement that forgets the position, so a
-        // failed creation below cannot make it unrecorded.
-        // The position is forgotten only while there is still no slot
-        // (another relay may have made it, and recorded a window, since the
-        // check above), and a position past the server's WAL is another
-        // cluster's (a restored dump), not a loss on this one; nor is a row
-        // a session took the slot with (its generation) before it recorded
-        // any window (position 0).
-        db.execute_raw(Statement::from_sql_and_values(
+    Ok(())
+}
+
+/// Forgets the old slot's position before a new slot is made, recording
+/// the loss it stands for in `wal_slot_loss`: a session must not start the
+/// new slot from a position of the old one.
+async fn forget_old_position(db: &DatabaseConnection, slot: &str) -> Result<(), DbErr> {
+    // A new slot starts at its creation; an old slot's position says
+    // nothing about it, except that there was an old slot: its loss is
+    // recorded in the same statement that forgets the position, so a
+    // failed creation after it cannot make it unrecorded.
+    // The position is forgotten only while there is still no slot
+    // (another relay may have made it, and recorded a window, since
+    // `prepare` looked), and a position past the server's WAL is another
+    // cluster's (a restored dump), not a loss on this one; nor is a row
+    // a session took the slot with (its generation) before it recorded
+    // any window (position 0).
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "WITH gone AS (DELETE FROM wal_relay_position WHERE slot = $1 \
+             AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1) \
+             RETURNING slot, lsn) \
+         INSERT INTO wal_slot_loss (slot, relayed_to, recreated_at) \
+         SELECT slot, lsn, now() FROM gone \
+          WHERE lsn > 0 AND lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
+        [slot.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Creates the slot. Several relays starting at once may each try: the
+/// slot one of them made is as good, so only a failure that left no slot
+/// is an error.
+async fn create_slot(db: &DatabaseConnection, slot: &str) -> Result<(), SlotError> {
+    let created = db
+        .execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            "WITH gone AS (DELETE FROM wal_relay_position WHERE slot = $1 \
-                 AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1) \
-                 RETURNING slot, lsn) \
-             INSERT INTO wal_slot_loss (slot, relayed_to, recreated_at) \
-             SELECT slot, lsn, now() FROM gone \
-              WHERE lsn > 0 AND lsn <= pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')",
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
             [slot.into()],
         ))
-        .await?;
-        let created = db
-            .execute_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                [slot.into()],
-            ))
-            .await;
-        // Another relay may have created it in the meantime.
-        if let Err(err) = created
-            && slot_row(db, slot).await?.is_none()
-        {
-            return Err(err.into());
-        }
+        .await;
+    // Another relay may have created it in the meantime.
+    if let Err(err) = created
+        && slot_row(db, slot).await?.is_none()
+    {
+        return Err(err.into());
     }
-    wait_consistent(db, slot).await?;
-    let loss = restarted(db, slot).await?;
+    Ok(())
+}
+
+/// Refuses a slot of that name made for something else (another plugin,
+/// type or database): the relay would read nothing of its outbox from it.
+async fn check_slot(db: &DatabaseConnection, slot: &str, database: &str) -> Result<(), SlotError> {
     let Some(row) = slot_row(db, slot).await? else {
         return Err(SlotError::ForeignSlot {
             slot: slot.to_owned(),
@@ -225,7 +263,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
             "is a {} slot of plugin {:?}, not a logical pgoutput slot",
             row.slot_type, row.plugin
         ))
-    } else if row.database.as_deref() != Some(database.as_str()) {
+    } else if row.database.as_deref() != Some(database) {
         Some(format!(
             "belongs to database {:?}, not {database:?}",
             row.database
@@ -239,15 +277,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
             problem,
         });
     }
-    // The database is in WAL mode from here: its row says which slot
-    // relays it (a session's position and generation go in it later).
-    db.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, 0) ON CONFLICT (slot) DO NOTHING",
-        [slot.into()],
-    ))
-    .await?;
-    Ok(loss)
+    Ok(())
 }
 
 /// The slots relaying this database's outbox: those a WAL-mode process

@@ -33,16 +33,89 @@ type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 /// [`replication_config`] with the environment given.
 fn connection(url: &str, slot: &str, env: Env<'_>) -> Result<ReplicationConfig, WalError> {
     let parsed = url::Url::parse(url).map_err(|e| WalError::Url(e.to_string()))?;
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8()
-            .map(|s| s.into_owned())
-            .map_err(|e| WalError::Url(e.to_string()))
+    let sources = Sources {
+        query: parsed.query_pairs().into_owned().collect(),
+        env,
     };
-    let query: BTreeMap<String, String> = parsed.query_pairs().into_owned().collect();
-    // The query first (under libpq's name, or one of the spellings sqlx
-    // also takes), then the URL's own part, then the environment.
-    let setting = |key: &str, from_url: Option<String>, var: &str| {
+    // A socket directory may come percent-encoded in the URL's host; an
+    // IPv6 address comes in brackets.
+    let url_host = match parsed.host_str() {
+        Some(host) => Some(decode(host.trim_start_matches('[').trim_end_matches(']'))?),
+        None => None,
+    };
+    let host = sources.setting("host", url_host, "PGHOST");
+    let hostaddr = sources.setting("hostaddr", None, "PGHOSTADDR");
+    let port = match sources.setting("port", parsed.port().map(|p| p.to_string()), "PGPORT") {
+        Some(port) => port
+            .parse::<u16>()
+            .map_err(|_| WalError::Url(format!("port {port:?} is not a port number")))?,
+        None => 5432,
+    };
+    // Without a host, the server's socket where it usually is, as sqlx
+    // looks for it; else TCP on localhost.
+    let host = host.unwrap_or_else(|| default_host(port));
+    let url_user = match parsed.username() {
+        "" => None,
+        user => Some(decode(user)?),
+    };
+    let user = sources
+        .setting("user", url_user, "PGUSER")
+        .or_else(|| env("USER"))
+        .unwrap_or_else(|| "postgres".into());
+    let path = decode(parsed.path().trim_start_matches('/'))?;
+    let database = sources
+        .setting("dbname", Some(path), "PGDATABASE")
+        .unwrap_or_else(|| user.clone());
+    let url_password = parsed.password().map(decode).transpose()?;
+    let password = sources
+        .setting("password", url_password, "PGPASSWORD")
+        .or_else(|| password_file(env, &host, port, &database, &user))
+        .unwrap_or_default();
+    let mut tls = tls_config(&sources)?;
+    // `hostaddr` is where to connect; `host` stays the name TLS checks.
+    let address = match hostaddr {
+        Some(addr) => {
+            tls = tls.with_sni_hostname(host.clone());
+            addr
+        }
+        None => host,
+    };
+    let mut config = ReplicationConfig::new(address, user, password, database, slot, slot)
+        .with_port(port)
+        .with_tls(tls)
+        .with_status_interval(Duration::from_secs(1))
+        .with_wakeup_interval(Duration::from_secs(1))
+        // Decoded messages waiting for the reader: each may be as large as
+        // one `enqueue_all`, so the buffer is counted in few of them (the
+        // library's default of 8,192 would hold half a gigabyte of 64 KiB
+        // events). It costs throughput with small events (0.43x the plain
+        // publisher at 4 KiB against 0.57x with 1,024 and 0.78x with
+        // 8,192), and 1,024 let the relay's peak memory vary past 256 MiB
+        // under load: a buffer bounded in bytes is the way to both.
+        .with_buffer_size(BUFFERED_MESSAGES)
+        .with_application_name(format!("seawall-relay {}", std::process::id()));
+    if let Some(options) = sources.setting("options", None, "PGOPTIONS") {
+        config = config.with_options(options);
+    }
+    Ok(config)
+}
+
+/// Where the connection's settings come from: the URL's query and the
+/// environment, looked up in libpq's order so both connections agree.
+struct Sources<'a> {
+    /// The URL's query, by key.
+    query: BTreeMap<String, String>,
+    /// The environment.
+    env: Env<'a>,
+}
+
+impl Sources<'_> {
+    /// The setting `key`, with `from_url` the URL's own part for it and
+    /// `var` its `PG*` variable: one lookup for every setting, so none of
+    /// them takes its sources in another order.
+    fn setting(&self, key: &str, from_url: Option<String>, var: &str) -> Option<String> {
+        // The query first (under libpq's name, or one of the spellings sqlx
+        // also takes), then the URL's own part, then the environment.
         let aliases: &[&str] = match key {
             "sslmode" => &["ssl-mode"],
             "sslrootcert" => &["ssl-root-cert", "ssl-ca"],
@@ -52,54 +125,45 @@ fn connection(url: &str, slot: &str, env: Env<'_>) -> Result<ReplicationConfig, 
         };
         std::iter::once(key)
             .chain(aliases.iter().copied())
-            .find_map(|k| query.get(k).cloned())
+            .find_map(|k| self.query.get(k).cloned())
             .or(from_url)
             .filter(|v| !v.is_empty())
-            .or_else(|| env(var).filter(|v| !v.is_empty()))
-    };
-    // A socket directory may come percent-encoded in the URL's host; an
-    // IPv6 address comes in brackets.
-    let url_host = match parsed.host_str() {
-        Some(host) => Some(decode(host.trim_start_matches('[').trim_end_matches(']'))?),
-        None => None,
-    };
-    let host = setting("host", url_host, "PGHOST");
-    let hostaddr = setting("hostaddr", None, "PGHOSTADDR");
-    let port = match setting("port", parsed.port().map(|p| p.to_string()), "PGPORT") {
-        Some(port) => port
-            .parse::<u16>()
-            .map_err(|_| WalError::Url(format!("port {port:?} is not a port number")))?,
-        None => 5432,
-    };
-    // Without a host, the server's socket where it usually is, as sqlx
-    // looks for it; else TCP on localhost.
-    let host = host.unwrap_or_else(|| {
-        ["/var/run/postgresql", "/private/tmp", "/tmp"]
-            .into_iter()
-            .find(|dir| {
-                std::path::Path::new(dir)
-                    .join(format!(".s.PGSQL.{port}"))
-                    .exists()
-            })
-            .unwrap_or("localhost")
-            .to_owned()
-    });
-    let url_user = match parsed.username() {
-        "" => None,
-        user => Some(decode(user)?),
-    };
-    let user = setting("user", url_user, "PGUSER")
-        .or_else(|| env("USER"))
-        .unwrap_or_else(|| "postgres".into());
-    let path = decode(parsed.path().trim_start_matches('/'))?;
-    let database = setting("dbname", Some(path), "PGDATABASE").unwrap_or_else(|| user.clone());
-    let url_password = parsed.password().map(decode).transpose()?;
-    let password = setting("password", url_password, "PGPASSWORD")
-        .or_else(|| password_file(env, &host, port, &database, &user))
-        .unwrap_or_default();
-    let file = |key: &str, var: &str| setting(key, None, var).map(PathBuf::from);
+            .or_else(|| (self.env)(var).filter(|v| !v.is_empty()))
+    }
+}
+
+/// A part of the URL, percent-decoded: a user, password or socket
+/// directory may hold characters a URL cannot.
+fn decode(s: &str) -> Result<String, WalError> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|e| WalError::Url(e.to_string()))
+}
+
+/// The host when none is given, for the server's port: the pool (through
+/// sqlx) connects there without one, and the relay must reach the same
+/// server.
+fn default_host(port: u16) -> String {
+    ["/var/run/postgresql", "/private/tmp", "/tmp"]
+        .into_iter()
+        .find(|dir| {
+            std::path::Path::new(dir)
+                .join(format!(".s.PGSQL.{port}"))
+                .exists()
+        })
+        .unwrap_or("localhost")
+        .to_owned()
+}
+
+/// The connection's TLS, from `sslmode` and its certificates as libpq reads
+/// them: a server that requires TLS of the pool requires it of the relay.
+fn tls_config(sources: &Sources<'_>) -> Result<TlsConfig, WalError> {
+    let file = |key: &str, var: &str| sources.setting(key, None, var).map(PathBuf::from);
     let root = file("sslrootcert", "PGSSLROOTCERT");
-    let mode = setting("sslmode", None, "PGSSLMODE").unwrap_or_else(|| "prefer".into());
+    let mode = sources
+        .setting("sslmode", None, "PGSSLMODE")
+        .unwrap_or_else(|| "prefer".into());
     let mut tls = match mode.as_str() {
         "disable" => TlsConfig::disabled(),
         // TLS when the server offers it, as the pool does.
@@ -124,32 +188,7 @@ fn connection(url: &str, slot: &str, env: Env<'_>) -> Result<ReplicationConfig, 
             ));
         }
     }
-    // `hostaddr` is where to connect; `host` stays the name TLS checks.
-    let address = match hostaddr {
-        Some(addr) => {
-            tls = tls.with_sni_hostname(host.clone());
-            addr
-        }
-        None => host,
-    };
-    let mut config = ReplicationConfig::new(address, user, password, database, slot, slot)
-        .with_port(port)
-        .with_tls(tls)
-        .with_status_interval(Duration::from_secs(1))
-        .with_wakeup_interval(Duration::from_secs(1))
-        // Decoded messages waiting for the reader: each may be as large as
-        // one `enqueue_all`, so the buffer is counted in few of them (the
-        // library's default of 8,192 would hold half a gigabyte of 64 KiB
-        // events). It costs throughput with small events (0.43x the plain
-        // publisher at 4 KiB against 0.57x with 1,024 and 0.78x with
-        // 8,192), and 1,024 let the relay's peak memory vary past 256 MiB
-        // under load: a buffer bounded in bytes is the way to both.
-        .with_buffer_size(BUFFERED_MESSAGES)
-        .with_application_name(format!("seawall-relay {}", std::process::id()));
-    if let Some(options) = setting("options", None, "PGOPTIONS") {
-        config = config.with_options(options);
-    }
-    Ok(config)
+    Ok(tls)
 }
 
 /// The password the password file has for this connection, as libpq finds

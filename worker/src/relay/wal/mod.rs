@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use chrono::Utc;
-use pgwire_replication::{PgWireError, ReplicationClient};
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -155,7 +155,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotErro
 }
 
 use connection::replication_config;
-use reader::{Reader, ended};
+use reader::{Reader, Window, ended};
 
 /// Relays the outbox from the WAL.
 pub struct WalRelay {
@@ -247,29 +247,12 @@ impl WalRelay {
     /// window while this one is published; positions go back to it to be
     /// confirmed.
     async fn session(&self, cancel: &CancellationToken) -> Result<(), WalError> {
-        let mut config = replication_config(&self.config.database_url, &self.config.slot)?;
-        // Named for this session alone: the gate finds the slot's holder by it.
-        let application = format!(
-            "seawall-relay {} {:x}",
-            std::process::id(),
-            super::rand_suffix()
-        );
-        config = config.with_application_name(application.clone());
+        let (config, application) = self.session_config()?;
         // The slot itself may be behind after a PostgreSQL crash: start
         // where this relay durably got to, so what it published before is
         // skipped by the server instead of published again.
         let position = self.position().await?;
-        if let Some(lsn) = position.lsn {
-            config = config.with_start_lsn(pgwire_replication::Lsn(lsn));
-        }
-        let mut client = ReplicationClient::connect_gated(config).await?;
-        client.start().await?;
-        if let Err(err) = client.wait_started().await {
-            if server_sqlstate(&err) == Some(OBJECT_IN_USE) {
-                return Err(WalError::Standby(self.config.slot.clone()));
-            }
-            return Err(err.into());
-        }
+        let client = self.stream_from(config, position.lsn).await?;
         let fence = self.take_over().await?;
         // A session fenced off only now may have recorded a piece since the
         // position was read: start again from where it got to.
@@ -324,24 +307,69 @@ impl WalRelay {
             if let Some(end) = window.end {
                 let _ = confirm.send(end);
             }
-            let now = Utc::now();
-            for event in &window.events {
-                let lag = (now - event.created_at)
-                    .num_microseconds()
-                    .unwrap_or(0)
-                    .max(0);
-                metrics::histogram!("seawall_relay_lag_seconds").record(lag as f64 / 1e6);
-            }
-            metrics::gauge!("seawall_relay_heartbeat_timestamp_seconds")
-                .set(Utc::now().timestamp_millis() as f64 / 1000.0);
-            if let Some(commit) = window.commit_time {
-                // PostgreSQL's epoch is 2000-01-01.
-                let commit_ms = commit / 1000 + 946_684_800_000;
-                let lag = (Utc::now().timestamp_millis() - commit_ms).max(0);
-                metrics::gauge!("seawall_wal_relay_lag_seconds").set(lag as f64 / 1000.0);
-            }
+            update_lag_metrics(&window);
         }
         Ok(())
+    }
+
+    /// The replication connection's settings for one session, and the
+    /// name it goes by on the server: the gate finds the slot's holder by
+    /// that name, so no other session may share it.
+    fn session_config(&self) -> Result<(ReplicationConfig, String), WalError> {
+        let mut config = replication_config(&self.config.database_url, &self.config.slot)?;
+        // Named for this session alone: the gate finds the slot's holder by it.
+        let application = format!(
+            "seawall-relay {} {:x}",
+            std::process::id(),
+            super::rand_suffix()
+        );
+        config = config.with_application_name(application.clone());
+        Ok((config, application))
+    }
+
+    /// Starts streaming the slot from `start`, or from where the slot is.
+    /// The server lets one session stream from a slot at a time, so its
+    /// refusal is how this relay learns it is a standby
+    /// ([`WalError::Standby`]).
+    async fn stream_from(
+        &self,
+        mut config: ReplicationConfig,
+        start: Option<u64>,
+    ) -> Result<ReplicationClient, WalError> {
+        if let Some(lsn) = start {
+            config = config.with_start_lsn(pgwire_replication::Lsn(lsn));
+        }
+        let mut client = ReplicationClient::connect_gated(config).await?;
+        client.start().await?;
+        if let Err(err) = client.wait_started().await {
+            if server_sqlstate(&err) == Some(OBJECT_IN_USE) {
+                return Err(WalError::Standby(self.config.slot.clone()));
+            }
+            return Err(err.into());
+        }
+        Ok(client)
+    }
+}
+
+/// Updates the lag and heartbeat metrics once a window is relayed: the
+/// dashboard shows how old events are when they go out, how old the last
+/// relayed commit is, and that the relay is alive.
+fn update_lag_metrics(window: &Window) {
+    let now = Utc::now();
+    for event in &window.events {
+        let lag = (now - event.created_at)
+            .num_microseconds()
+            .unwrap_or(0)
+            .max(0);
+        metrics::histogram!("seawall_relay_lag_seconds").record(lag as f64 / 1e6);
+    }
+    metrics::gauge!("seawall_relay_heartbeat_timestamp_seconds")
+        .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+    if let Some(commit) = window.commit_time {
+        // PostgreSQL's epoch is 2000-01-01.
+        let commit_ms = commit / 1000 + 946_684_800_000;
+        let lag = (Utc::now().timestamp_millis() - commit_ms).max(0);
+        metrics::gauge!("seawall_wal_relay_lag_seconds").set(lag as f64 / 1000.0);
     }
 }
 

@@ -160,17 +160,7 @@ impl Reader {
                     commit_time_micros,
                     ..
                 } => {
-                    let skip = self
-                        .resume
-                        .filter(|p| p.commit == final_lsn.0)
-                        .map_or(0, |p| p.messages);
-                    self.open = Some(Open {
-                        commit: final_lsn,
-                        events: Vec::new(),
-                        bytes: 0,
-                        read: 0,
-                        skip,
-                    });
+                    self.open_transaction(final_lsn);
                     window.commit_time = Some(commit_time_micros);
                 }
                 ReplicationEvent::Message {
@@ -179,39 +169,9 @@ impl Reader {
                     transactional,
                     lsn,
                 } if prefix == wal::PREFIX => {
-                    let mut txn = self.open.as_mut().filter(|_| transactional);
-                    if let Some(txn) = txn.as_mut() {
-                        txn.read += 1;
-                        // Done by a piece published before a restart.
-                        if txn.read <= txn.skip {
-                            continue;
-                        }
-                    }
-                    let events = match checked(&content) {
-                        Ok(events) => events,
-                        Err(err) => {
-                            let error = format!("{err} ({} bytes)", content.len());
-                            let kept = kept(&content);
-                            // Held until the window is recorded: counted.
-                            bytes += kept.len();
-                            window.undecodable.push((kept, error));
-                            continue;
-                        }
-                    };
-                    let Some(txn) = txn else {
-                        window.events.extend(events);
-                        window.end = window.end.max(Some(lsn));
-                        continue;
-                    };
-                    txn.bytes += events.iter().map(|e| e.payload.len()).sum::<usize>();
-                    txn.events.extend(events);
-                    if txn.events.len() >= self.size || bytes + txn.bytes >= WINDOW_BYTES {
-                        window.events.append(&mut txn.events);
-                        txn.bytes = 0;
-                        window.partial = Some(Partial {
-                            commit: txn.commit.0,
-                            messages: txn.read,
-                        });
+                    let piece =
+                        self.read_message(&mut window, &mut bytes, &content, transactional, lsn);
+                    if piece {
                         return Ok(window);
                     }
                 }
@@ -231,5 +191,73 @@ impl Reader {
                 _ => {}
             }
         }
+    }
+
+    /// Opens the transaction a `Begin` starts. One published in part before
+    /// a restart is decoded again from its start (the slot is confirmed only
+    /// at commits), so the messages its pieces did are counted to be skipped.
+    fn open_transaction(&mut self, commit: Lsn) {
+        let skip = self
+            .resume
+            .filter(|p| p.commit == commit.0)
+            .map_or(0, |p| p.messages);
+        self.open = Some(Open {
+            commit,
+            events: Vec::new(),
+            bytes: 0,
+            read: 0,
+            skip,
+        });
+    }
+
+    /// Adds a seawall message's events to the open transaction, or to
+    /// `window` when it came outside one; one this version cannot decode is
+    /// kept as a dead letter (`held` counts the bytes `window` holds). `true`
+    /// when the transaction has outgrown the window and `window` holds its
+    /// next piece, so a large transaction never sits whole in memory.
+    fn read_message(
+        &mut self,
+        window: &mut Window,
+        held: &mut usize,
+        content: &bytes::Bytes,
+        transactional: bool,
+        lsn: Lsn,
+    ) -> bool {
+        let mut txn = self.open.as_mut().filter(|_| transactional);
+        if let Some(txn) = txn.as_mut() {
+            txn.read += 1;
+            // Done by a piece published before a restart.
+            if txn.read <= txn.skip {
+                return false;
+            }
+        }
+        let events = match checked(content) {
+            Ok(events) => events,
+            Err(err) => {
+                let error = format!("{err} ({} bytes)", content.len());
+                let kept = kept(content);
+                // Held until the window is recorded: counted.
+                *held += kept.len();
+                window.undecodable.push((kept, error));
+                return false;
+            }
+        };
+        let Some(txn) = txn else {
+            window.events.extend(events);
+            window.end = window.end.max(Some(lsn));
+            return false;
+        };
+        txn.bytes += events.iter().map(|e| e.payload.len()).sum::<usize>();
+        txn.events.extend(events);
+        if txn.events.len() >= self.size || *held + txn.bytes >= WINDOW_BYTES {
+            window.events.append(&mut txn.events);
+            txn.bytes = 0;
+            window.partial = Some(Partial {
+                commit: txn.commit.0,
+                messages: txn.read,
+            });
+            return true;
+        }
+        false
     }
 }
