@@ -20,6 +20,7 @@ mod relay;
 mod relay_edges;
 mod replay;
 mod shutdown;
+mod streams;
 mod upgrade;
 mod wal;
 mod wal_connection;

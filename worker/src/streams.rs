@@ -126,9 +126,14 @@ pub(crate) fn jetstream_unavailable(err: &(dyn std::error::Error + 'static)) -> 
     false
 }
 
-/// Creates the stream or updates it to `spec`, idempotently. The stream also
-/// captures its consumers' replay subjects
-/// ([`service::dead_letter::replay_subjects`]).
+/// Creates the stream, or sets on the existing one the fields seawall owns
+/// (its subjects, with its consumers' replay subjects
+/// ([`service::dead_letter::replay_subjects`]), the duplicate window, the
+/// maximum age and the replicas), idempotently. Every other field (limits,
+/// storage, retention, compression, placement, a flag an operator turned
+/// on) stays as the operator set it: an update with the whole of seawall's
+/// configuration would put each back to JetStream's default at every
+/// start. What changed is logged.
 ///
 /// # Errors
 /// [`StreamError::Provision`], with the server's reason as its source.
@@ -136,22 +141,97 @@ pub async fn ensure_stream(
     js: &jetstream::Context,
     spec: &StreamSpec,
 ) -> Result<stream::Info, StreamError> {
-    let config = stream::Config {
-        name: spec.name.clone(),
-        subjects: spec
-            .subjects
-            .iter()
-            .cloned()
-            .chain([service::dead_letter::replay_subjects(&spec.name)])
-            .collect(),
-        duplicate_window: spec.duplicate_window,
-        max_age: spec.max_age,
-        num_replicas: spec.replicas,
-        ..Default::default()
+    let stream = match js.get_stream(&spec.name).await {
+        Ok(stream) => stream,
+        Err(err) if is_not_found(&err) => match js.create_stream(spec.create_config()).await {
+            Ok(created) => {
+                tracing::info!(stream = %spec.name, "stream created");
+                return Ok(created.cached_info().clone());
+            }
+            // Another process created it first: set its fields as below.
+            Err(err) if is_name_taken(&err) => js
+                .get_stream(&spec.name)
+                .await
+                .map_err(|e| StreamError::provision(&spec.name, e))?,
+            Err(err) => return Err(StreamError::provision(&spec.name, err)),
+        },
+        Err(err) => return Err(StreamError::provision(&spec.name, err)),
     };
-    js.create_or_update_stream(config)
+    let (config, changed) = spec.apply_to(stream.cached_info().config.clone());
+    if changed.is_empty() {
+        return Ok(stream.cached_info().clone());
+    }
+    tracing::info!(stream = %spec.name, changed = %changed.join(", "), "setting the stream's seawall fields");
+    js.update_stream(config)
         .await
         .map_err(|e| StreamError::provision(&spec.name, e))
+}
+
+impl StreamSpec {
+    /// The subjects the stream captures: the domain's and its consumers'
+    /// replay subjects.
+    fn all_subjects(&self) -> Vec<String> {
+        self.subjects
+            .iter()
+            .cloned()
+            .chain([service::dead_letter::replay_subjects(&self.name)])
+            .collect()
+    }
+
+    /// A new stream's configuration: seawall's fields, JetStream's defaults
+    /// for the rest.
+    fn create_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.name.clone(),
+            subjects: self.all_subjects(),
+            duplicate_window: self.duplicate_window,
+            max_age: self.max_age,
+            num_replicas: self.replicas,
+            ..Default::default()
+        }
+    }
+
+    /// `current` with seawall's fields set, and the names of those that
+    /// changed.
+    fn apply_to(&self, mut current: stream::Config) -> (stream::Config, Vec<&'static str>) {
+        let mut changed = Vec::new();
+        let subjects = self.all_subjects();
+        if current.subjects != subjects {
+            current.subjects = subjects;
+            changed.push("subjects");
+        }
+        if current.duplicate_window != self.duplicate_window {
+            current.duplicate_window = self.duplicate_window;
+            changed.push("duplicate_window");
+        }
+        if current.max_age != self.max_age {
+            current.max_age = self.max_age;
+            changed.push("max_age");
+        }
+        if current.num_replicas != self.replicas {
+            current.num_replicas = self.replicas;
+            changed.push("num_replicas");
+        }
+        (current, changed)
+    }
+}
+
+/// Whether a stream lookup failed because there is no such stream.
+fn is_not_found(err: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        err.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(ref e)
+            if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
+/// Whether a create failed because a stream of that name now exists.
+fn is_name_taken(err: &jetstream::context::CreateStreamError) -> bool {
+    matches!(
+        err.kind(),
+        jetstream::context::CreateStreamErrorKind::JetStream(ref e)
+            if e.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST
+    )
 }
 
 /// Reads the stream's configured duplicate window back and refuses one
