@@ -2,8 +2,8 @@
 
 use sea_orm_migration::prelude::*;
 
-use crate::columns::binary_text;
-use sea_orm_migration::schema::{big_integer, string_len, timestamp_with_time_zone};
+use crate::columns::{binary_text, bounded, utc};
+use sea_orm_migration::schema::big_integer;
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -19,12 +19,16 @@ enum Orders {
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        // The column helpers keep a shape on every backend: `utc` keeps
+        // microseconds on MySQL and MariaDB, where a plain timestamp column
+        // drops them (and with them the order of rows written in one second).
+        let backend = manager.get_database_backend();
         let mut orders = Table::create()
             .table(Orders::Table)
             .if_not_exists()
-            .col(string_len(Orders::OrderId, 200).primary_key())
+            .col(bounded(Orders::OrderId, 200, false).primary_key())
             .col(big_integer(Orders::Amount))
-            .col(timestamp_with_time_zone(Orders::AcceptedAt))
+            .col(utc(backend, Orders::AcceptedAt, false))
             .to_owned();
         // Order ids compared byte for byte on MySQL too.
         binary_text(manager.get_connection(), &mut orders).await?;
