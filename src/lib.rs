@@ -8,6 +8,9 @@
 //!   [`Settings::consumer`], [`Settings::claim_policy`], ...).
 //! - [`app`]: the [`Application`], which builds a process for some [`Roles`] and
 //!   a [`Domain`] and runs it until told to stop.
+//! - [`cli`]: the command line every service built on seawall shares
+//!   (`seawall`'s, and the test kit's `seawall-testbed`), given a
+//!   [`cli::Service`].
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces over OTLP.
 //! - [`nats`]: connecting to NATS from a URL setting.
 //! - [`webhook`]: an effect that POSTs events to a URL, for two-phase claims.
@@ -20,6 +23,7 @@
 //! `anyhow` errors that the binary prints with their causes.
 
 pub mod app;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod nats;

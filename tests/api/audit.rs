@@ -154,7 +154,7 @@ fn a_malformed_token_list_stops_startup_naming_the_key() {
         "a:read:",
         "a:read:CHANGE-ME",
     ] {
-        let out = crate::support::seawall_output(
+        let out = crate::support::testbed_output(
             &["migrate"],
             &[
                 ("SEAWALL_DATABASE_URL", "sqlite::memory:"),
@@ -167,7 +167,7 @@ fn a_malformed_token_list_stops_startup_naming_the_key() {
 
 #[test]
 fn the_manifests_placeholder_token_stops_startup() {
-    let out = crate::support::seawall_output(
+    let out = crate::support::testbed_output(
         &["migrate"],
         &[
             ("SEAWALL_DATABASE_URL", "sqlite::memory:"),

@@ -479,7 +479,7 @@ async fn an_api_without_a_token_refuses_to_listen_beyond_loopback() {
     assert!(api::check_exposure(everywhere, true).is_ok());
     let err = api::check_exposure(everywhere, false).unwrap_err();
     assert!(err.to_string().contains("SEAWALL_ADMIN_TOKEN"));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"))
+    let out = std::process::Command::new(crate::support::binary::path("seawall-testbed"))
         .arg("api")
         .env("SEAWALL_API_ADDR", "0.0.0.0:0")
         .env("SEAWALL_DATABASE_URL", "sqlite::memory:")

@@ -60,7 +60,7 @@ pub(crate) fn relay_drops_slot(extra: &[&str], env: &[(&str, String)]) {
     let mut args = vec!["relay", "--drop-slot"];
     args.extend_from_slice(extra);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let out = crate::support::seawall_output(&args, &env);
+    let out = crate::support::testbed_output(&args, &env);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("dropped replication slot"),

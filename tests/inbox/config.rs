@@ -2,7 +2,7 @@
 
 use std::process::Output;
 
-use crate::support::{fails_naming, seawall_output as seawall};
+use crate::support::{fails_naming, testbed_output as seawall};
 
 #[test]
 fn a_non_numeric_setting_stops_startup_naming_the_key() {
@@ -139,7 +139,7 @@ fn a_pool_smaller_than_the_work_in_flight_stops_startup() {
 /// either refuses at once or goes on to serve; a process still running after
 /// a generous bound has accepted the settings, and the test fails.
 fn refused_at_start_up(command: &str, env: &[(&str, &str)]) -> Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seawall"));
+    let mut cmd = std::process::Command::new(crate::support::binary::path("seawall-testbed"));
     cmd.arg(command)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
@@ -332,4 +332,53 @@ fn a_nats_password_is_not_printed_when_nats_cannot_be_reached() {
     fails_naming(&out, "connecting to NATS at nats://seawall:***@127.0.0.1");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("s3cret"), "{stderr}");
+}
+
+/// The platform's tests run the testbed (the platform's command line on the
+/// test kit's domain), never `seawall` itself, whose domain is the one a
+/// fork replaces: a fork whose domain requires a setting would otherwise
+/// fail them. `Seawall::spawn_seawall` is the one way left, for the two
+/// start-up tests that need `seawall`'s own order of steps.
+#[test]
+fn the_platform_tests_never_run_the_seawall_binary() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let forbidden = [
+        "seawall_output(",
+        "CARGO_BIN_EXE_seawall\"",
+        "path(\"seawall\")",
+    ];
+    let mut found = Vec::new();
+    for suite in ["api", "claims", "flow", "inbox"] {
+        for file in rust_files(&root.join(suite)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                // This test's own list of what it looks for.
+                if line.trim_start().starts_with('"') {
+                    continue;
+                }
+                if forbidden.iter().any(|needle| line.contains(needle)) {
+                    found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "platform tests run seawall:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The `.rs` files under `dir`, at any depth.
+fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+    files
 }

@@ -1,14 +1,15 @@
-//! `seawall-testbed`: the platform's long-running roles on the test-only
-//! ledger domain of the test kit (`tests/kit`): `seawall-testbed
-//! run|relay|consume|api`, and `migrate [--status]` as `seawall`'s, configured
+//! `seawall-testbed`: the platform's command line ([`seawall::cli`]: the
+//! roles, `migrate`, `relay --drop-slot`, `stats`, `prune`, `healthcheck`)
+//! on the test-only ledger domain of the test kit (`tests/kit`), configured
 //! like `seawall` (`SEAWALL_*`), plus two knobs of the domain's own:
 //! `TESTBED_WORK_MS` (a slow handler) and `TESTBED_WEBHOOK_URL` (the `hook`
 //! consumer, a two-phase claim that POSTs each recorded entry), and the
 //! crash tests' `TESTBED_FAULT` (a fault point to abort at, see
 //! `worker::FaultPoint`), which is no setting of the product.
 //!
-//! The black-box tests (kill -9, SIGSTOP, outages) run this rather than
-//! `seawall`, whose domain is the demo a fork replaces; it is also the
+//! The platform's black-box tests (kill -9, SIGSTOP, outages, settings)
+//! run this rather than `seawall`, whose domain is the demo a fork
+//! replaces: they pass whatever a fork's domain requires. It is also the
 //! smallest example of a service assembled from seawall's parts.
 
 use testkit::ledger as domain;
@@ -16,60 +17,45 @@ use testkit::ledger as domain;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use tokio_util::sync::CancellationToken;
+use anyhow::{Context, Result};
 
+use seawall::cli::{NoCommands, Service};
+use seawall::config::{Loaded, NoSettings};
 use seawall::webhook::Webhook;
-use seawall::{Domain, Roles, Settings};
+use seawall::{Domain, Settings};
 use service::{ConsumerName, Registry};
 
-fn main() -> ExitCode {
-    seawall::app::process::main(run)
+/// The test kit's ledger as a service: no settings or commands of its own.
+struct Testbed;
+
+impl Service for Testbed {
+    type Settings = NoSettings;
+    type Commands = NoCommands;
+
+    fn domain(loaded: &Loaded<NoSettings>) -> Result<Domain> {
+        ledger(&loaded.settings)
+    }
+
+    async fn run_command(command: NoCommands, _: &Loaded<NoSettings>) -> Result<()> {
+        match command {}
+    }
+
+    fn configure(settings: &mut Settings) -> Result<()> {
+        if let Ok(fault) = std::env::var("TESTBED_FAULT") {
+            settings
+                .arm_fault(&fault)
+                .map_err(|e| anyhow::anyhow!("TESTBED_FAULT: {e}"))?;
+        }
+        Ok(())
+    }
+
+    async fn prepare_schema(settings: &Settings) -> Result<()> {
+        ledger_tables(settings).await
+    }
 }
 
-async fn run(stop: CancellationToken) -> Result<()> {
-    let command = std::env::args().nth(1);
-    let config = std::env::var_os("SEAWALL_CONFIG").map(std::path::PathBuf::from);
-    let mut settings =
-        seawall::config::load::<seawall::config::NoSettings>(config.as_deref())?.settings;
-    let roles = match command.as_deref() {
-        Some("run") => Roles::ALL,
-        Some("relay") => Roles::RELAY,
-        Some("consume") => Roles::CONSUME,
-        Some("api") => Roles::API,
-        Some("migrate") => {
-            let status = std::env::args().nth(2).as_deref() == Some("--status");
-            let migrate = async {
-                seawall::app::migrate(&settings, status).await?;
-                if !status {
-                    // The ledger's tables are this domain's schema: the
-                    // migration job makes them, before any role starts.
-                    ledger_tables(&settings).await?;
-                }
-                Ok(())
-            };
-            return seawall::app::process::or_stopped(&stop, "applying migrations", migrate).await;
-        }
-        other => {
-            bail!("usage: seawall-testbed run|relay|consume|api|migrate [--status] (got {other:?})")
-        }
-    };
-    if let Ok(fault) = std::env::var("TESTBED_FAULT") {
-        settings
-            .arm_fault(&fault)
-            .map_err(|e| anyhow::anyhow!("TESTBED_FAULT: {e}"))?;
-    }
-    // Waiting for the migration job, a role changes no schema: the job
-    // (`migrate`) makes the ledger's tables too.
-    if settings.migrations == seawall::config::Migrations::Apply
-        && seawall::app::until_stopped(&stop, ledger_tables(&settings))
-            .await?
-            .is_none()
-    {
-        return Ok(());
-    }
-    let domain = ledger(&settings)?;
-    seawall::app::serve(&settings, roles, domain, stop).await
+fn main() -> ExitCode {
+    seawall::cli::main::<Testbed>()
 }
 
 /// Creates the ledger's tables where they are missing.

@@ -30,21 +30,18 @@ pub const TEST_SETTINGS: [(&str, &str); 4] = [
 ];
 
 impl Seawall {
-    /// Starts `seawall <args>` with the given environment (plus
-    /// `SEAWALL_LOG=info` and [`TEST_SETTINGS`]). The long-running roles (`run`, `relay`,
-    /// `consume`, `api`) and `migrate` run the test domain, through
-    /// `seawall-testbed` (the same `Application` as `seawall`, on the kit's
-    /// [`crate::ledger`]); the other commands run `seawall` itself.
+    /// Starts `seawall-testbed <args>` (the platform's command line on the
+    /// kit's [`crate::ledger`], see `tests/testbed`) with the given
+    /// environment (plus `SEAWALL_LOG=info` and [`TEST_SETTINGS`]): what
+    /// the platform's tests run, whatever a fork's domain requires.
     pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Self {
-        let program = match args.first() {
-            Some(&("run" | "relay" | "consume" | "api" | "migrate")) => "seawall-testbed",
-            _ => "seawall",
-        };
-        Self::spawn_program(&binary::path(program), args, env)
+        Self::spawn_program(&binary::path("seawall-testbed"), args, env)
     }
 
-    /// Starts `seawall <args>` itself whatever the command: its own start-up
-    /// path and demo domain, where the testbed's would hide it.
+    /// Starts `seawall <args>` itself: its own start-up path, where the
+    /// testbed's (which makes the ledger's tables before it serves) would
+    /// hide whether serving waits for the database. Only the two start-up
+    /// tests that need this use it; they set no domain setting.
     pub fn spawn_seawall(args: &[&str], env: &[(&str, String)]) -> Self {
         Self::spawn_program(&binary::path("seawall"), args, env)
     }
