@@ -320,7 +320,7 @@ fn an_unsupported_otlp_protocol_stops_startup_naming_the_variable() {
         ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
         ("OTEL_TRACES_EXPORTER", "zipkin"),
     ] {
-        let out = crate::support::seawall_output(
+        let out = crate::support::testbed_output(
             &["migrate"],
             &[
                 ("SEAWALL_DATABASE_URL", "sqlite::memory:"),
