@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -49,8 +50,11 @@ pub trait Service: 'static {
     }
 
     /// Makes the part of its schema its migrations do not (the test
-    /// domain's tables): after `migrate`, and before a role that applies
-    /// migrations itself serves. Nothing by default.
+    /// domain's tables): after `migrate`'s migrations, and in a role that
+    /// applies migrations itself before it serves, so before the platform's
+    /// migrations and outside their lock. What it makes must therefore not
+    /// depend on the platform's tables, and must accept finding itself
+    /// made by another process. Nothing by default.
     fn prepare_schema(_settings: &Settings) -> impl Future<Output = Result<()>> {
         async { Ok(()) }
     }
@@ -63,7 +67,12 @@ pub enum NoCommands {}
 /// Parses the command line and runs the command for `S`: the whole of a
 /// service's `main`.
 pub fn main<S: Service>() -> ExitCode {
-    crate::app::process::main(run::<S>)
+    // Boxed: the command line's future holds every command's, a domain's
+    // included, and laid out inline it can overflow the compiler's query
+    // depth (a fork's domain did).
+    crate::app::process::main(|stop| -> Pin<Box<dyn Future<Output = Result<()>>>> {
+        Box::pin(run::<S>(stop))
+    })
 }
 
 /// Exactly-once effects over at-least-once messaging.
@@ -190,6 +199,9 @@ async fn run<S: Service>(stop: CancellationToken) -> Result<()> {
         _ => None,
     };
     if let Some(roles) = roles {
+        // Assembled first, so a domain that cannot be is an error even
+        // when a signal ends start-up at the next step.
+        let domain = S::domain(&loaded)?;
         // Waiting for the migration job, a role changes no schema.
         if settings.migrations == config::Migrations::Apply
             && until_stopped(&stop, S::prepare_schema(settings))
@@ -198,7 +210,7 @@ async fn run<S: Service>(stop: CancellationToken) -> Result<()> {
         {
             return Ok(());
         }
-        return serve(settings, roles, S::domain(&loaded)?, stop).await;
+        return serve(settings, roles, domain, stop).await;
     }
     if let Command::Relay {
         drop_slot: true,

@@ -2,6 +2,10 @@
 //! on the domain in `src/domain/`. Errors end here, printed with their
 //! cause chain.
 
+// The command line's future is deep; a domain's commands can take it past
+// the default query depth of 128.
+#![recursion_limit = "256"]
+
 use std::process::ExitCode;
 
 use anyhow::Result;

@@ -33,9 +33,8 @@ pub fn seawall_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Outp
     output("seawall", args, env)
 }
 
-/// [`seawall_output`] for `seawall-testbed`: the platform's commands
-/// (`migrate`, the roles) on the kit's domain, whatever a fork's domain
-/// requires of `seawall`.
+/// [`seawall_output`] for `seawall-testbed`: the platform's command line
+/// on the kit's domain, whatever a fork's domain requires of `seawall`.
 pub fn testbed_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     output("seawall-testbed", args, env)
 }
