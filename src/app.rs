@@ -400,8 +400,7 @@ async fn consumers(
     Ok(consumers)
 }
 
-/// Each consumer's own readiness (not paused for an outage), asked
-/// by whichever listener serves this process's /readyz.
+/// Each consumer's readiness (not paused for an outage), for /readyz.
 fn readiness_checks(consumers: &[Consumer]) -> Vec<api::probes::RoleCheck> {
     consumers
         .iter()
