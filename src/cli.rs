@@ -187,7 +187,6 @@ async fn run<S: Service>(stop: CancellationToken) -> Result<()> {
     let cli = Cli::<S::Commands>::parse();
     let mut loaded = config::load::<S::Settings>(cli.config.as_deref())?;
     S::configure(&mut loaded.settings)?;
-    let loaded = loaded;
     let settings = &loaded.settings;
     let roles = match cli.command {
         Command::Run => Some(Roles::ALL),
