@@ -35,7 +35,9 @@ pub use migrate::migrate;
 pub use process::{exit_code, init};
 
 use startup::wait_out_broker;
-pub use startup::{connect_db_waiting, report_unknown, until_stopped, wait_out_database};
+pub use startup::{
+    DatabaseStepError, connect_db_waiting, report_unknown, until_stopped, wait_out_database,
+};
 
 /// Which loops a process runs: `seawall run` has all three, `relay`,
 /// `consume` and `api` one each, so each can be scaled on its own.
@@ -334,14 +336,22 @@ async fn prepare_outbox_mode(
 ) -> Result<()> {
     // Events written before the slot exists would never reach it, so
     // every process that may write events makes sure it does first.
+    // A process restarted while the database restarts meets the outage
+    // here as at every other start-up step: it waits, not exits.
     if wal && roles.workers() {
-        startup::now_doing("preparing the WAL slot");
-        worker::relay::wal::prepare(db, &settings.wal_slot()).await?;
+        let slot = settings.wal_slot();
+        wait_out_database("preparing the WAL slot", || {
+            worker::relay::wal::prepare(db, &slot)
+        })
+        .await?;
     }
     // Consumers write their handlers' events; in table mode, on a
     // database in WAL mode, they would reorder a key's events.
     if !wal && roles.consume && db.get_database_backend() == sea_orm::DbBackend::Postgres {
-        service::wal::slot::check_table_mode(db).await?;
+        wait_out_database("checking the outbox mode", || {
+            service::wal::slot::check_table_mode(db)
+        })
+        .await?;
     }
     Ok(())
 }

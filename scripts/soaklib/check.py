@@ -179,6 +179,11 @@ class Checks:
             # ran without it.
             exited = {name: p.poll() for name, p in self.procs.items() if p.poll() is not None}
             expect(not exited, f"every process is still running ({exited or 'none'} exited on its own)")
+            for name in exited:
+                # CI keeps only what the soak prints: the reason is in the log's end.
+                with open(self.logs[name], errors="replace") as f:
+                    tail = f.readlines()[-15:]
+                print(f"  the end of {name}'s log:\n" + "".join("    " + line for line in tail), flush=True)
         if self.recoveries is not None:
             planned = len(self.planned_faults())
             expect(len(self.recoveries) >= planned, f"readyz answered after each fault ({len(self.recoveries)} recoveries)")

@@ -273,17 +273,20 @@ where
 /// # Errors
 /// The step failing for a reason of its own, or the database still unable
 /// to do it after the wait; either names `what`.
-pub async fn wait_out_database<T, F, Fut>(what: &str, step: F) -> Result<T>
+pub async fn wait_out_database<T, E, F, Fut>(what: &str, step: F) -> Result<T>
 where
+    E: DatabaseStepError,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sea_orm::DbErr>>,
+    Fut: std::future::Future<Output = Result<T, E>>,
 {
     use service::classify::{Failure, classify};
-    let waitable = |err: &sea_orm::DbErr| {
-        matches!(
-            classify(err),
-            Failure::Transient { .. } | Failure::Resource { .. }
-        )
+    let waitable = |err: &E| {
+        err.database_error().is_some_and(|err| {
+            matches!(
+                classify(err),
+                Failure::Transient { .. } | Failure::Resource { .. }
+            )
+        })
     };
     retry_at_start_up(what, "the database cannot do this yet", waitable, step)
         .await
@@ -298,4 +301,28 @@ where
             };
             anyhow::Error::new(err).context(context)
         })
+}
+
+/// The error of a start-up step that talks to the database: the step is
+/// waited out (see [`wait_out_database`]) when the database's own error
+/// underneath is one to wait for, and stops start-up otherwise (a slot of
+/// another service, say).
+pub trait DatabaseStepError: std::error::Error + Send + Sync + 'static {
+    /// The database's error this one is, if it is one.
+    fn database_error(&self) -> Option<&sea_orm::DbErr>;
+}
+
+impl DatabaseStepError for sea_orm::DbErr {
+    fn database_error(&self) -> Option<&sea_orm::DbErr> {
+        Some(self)
+    }
+}
+
+impl DatabaseStepError for worker::relay::wal::SlotError {
+    fn database_error(&self) -> Option<&sea_orm::DbErr> {
+        match self {
+            Self::Database(err) => Some(err),
+            _ => None,
+        }
+    }
 }

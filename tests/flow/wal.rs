@@ -361,6 +361,46 @@ async fn a_drop_refuses_a_held_slot_and_waits_for_one_being_let_go() {
     assert_eq!(slot_holder(&t).await, None);
 }
 
+/// A relay started while the database cannot yet do what preparing its
+/// slot needs (here a lock another session holds past the database's
+/// `lock_timeout`; in the soak, a PostgreSQL restart) waits for it, as at
+/// every other start-up step, instead of exiting into a restart loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_waits_out_a_database_that_cannot_prepare_its_slot_yet() {
+    let (t, nats, _js) = with_ledger_stream(Backend::Postgres).await;
+    let slot = slot_of(&t);
+    worker::relay::wal::prepare(&t.db, &slot).await.unwrap();
+    t.db.execute_unprepared(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET lock_timeout = %L', current_database(), '200ms'); END $$",
+    )
+    .await
+    .unwrap();
+    let holder = t.second_pool().await;
+    let txn = holder.begin().await.unwrap();
+    txn.execute_unprepared("LOCK TABLE wal_relay_position IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
+    wait_until(
+        "the relay waiting to prepare its slot",
+        Duration::from_secs(60),
+        || async {
+            let log = relay.log_text();
+            log.contains("the database cannot do this yet")
+                && log.contains("preparing the WAL slot")
+        },
+    )
+    .await;
+    txn.commit().await.unwrap();
+    wait_until("the relay running", Duration::from_secs(60), || async {
+        relay.log_text().contains("seawall is running")
+    })
+    .await;
+    until_held(&relay, &t, Duration::from_secs(30)).await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    drop_slot(&t);
+}
+
 /// Two relays on one slot: the first holds it, the second waits. The first
 /// is killed with SIGKILL while events flow; the second takes over, and
 /// every event is on the stream exactly once (the copies it republished
