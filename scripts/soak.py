@@ -22,7 +22,7 @@ restart; SIGSTOP of a consumer past the ack wait; a kill -9 of a consumer
 while it holds redeliveries (the last allowed ones under a low
 --max-deliver); poison rows written into outbox_message by SQL; a window in
 which one consumer's handler is slower than the ack wait; COMMITs cut by the
-proxy; the webhook receiver down for 20 s. The table-mode run adds a lock
+proxy; the webhook receiver down for 10 s. The table-mode run adds a lock
 storm under lock_timeout and a read-only window.
 
     python3 scripts/soak.py --testbed target/release/seawall-testbed --messages 100000

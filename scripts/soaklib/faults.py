@@ -144,7 +144,7 @@ class Faults:
         database enforces lock_timeout: every handler meets 55P03 for the
         whole hold, which must spend no delivery and dead-letter nothing."""
         started = now()
-        hold = 15
+        hold = 10
         own_session = "-c lock_timeout=0"
         self.with_database_setting(
             "lock_timeout = '200ms'", "lock_timeout",
@@ -166,12 +166,13 @@ class Faults:
         self.wait_ready("read-only database", started)
 
     def fault_webhook(self):
-        """The hook consumer's receiver down (connections refused) for 20 s:
-        every effect meets an outage of its target, which must spend no
-        delivery, quarantine no claim and dead-letter nothing; each event is
-        delivered once the receiver is back."""
+        """The hook consumer's receiver down (connections refused) for 10 s,
+        more than three ack waits: every effect meets an outage of its
+        target, which must spend no delivery, quarantine no claim and
+        dead-letter nothing; each event is delivered once the receiver is
+        back."""
         started = now()
-        window = 20
+        window = 10
         self.webhook.stop()
         self.log("fault", f"webhook receiver down for {window} s")
         time.sleep(window)
