@@ -18,13 +18,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use service::Registry;
 use service::retention::PruneConfig;
-use service::{Executor, Inbox, Registry};
 use worker::relay::wal::{WalRelay, WalRelayConfig};
 use worker::{Consumer, Relay, RelayConfig, StreamSpec, maintenance};
 
 use crate::config::Settings;
 
+mod consumers;
 mod drain;
 mod migrate;
 pub mod process;
@@ -34,6 +35,7 @@ pub use drain::drain_wal_slot;
 pub use migrate::migrate;
 pub use process::{exit_code, init};
 
+use consumers::{consumers, consumers_inbox, readiness_checks};
 use startup::wait_out_broker;
 pub use startup::{
     DatabaseStepError, connect_db_waiting, report_unknown, until_stopped, wait_out_database,
@@ -87,7 +89,9 @@ impl Roles {
 /// consumes which subject. The platform runs any domain; the binary's is
 /// built in `src/domain/` (`docs/fork.md`).
 pub struct Domain {
-    /// The stream the consumers read and the relay publishes into.
+    /// The stream the domain owns: its consumers read it (but those
+    /// registered with `Registry::from_stream`), and the relay publishes
+    /// into it.
     pub stream: StreamSpec,
     /// The consumers.
     pub registry: Registry,
@@ -369,56 +373,6 @@ async fn build_wal_relay(
     };
     let wal_db = connect_wal_relay(&settings.database_url).await?;
     Ok(WalRelay::new(wal_db, js.clone(), config))
-}
-
-/// The inbox every consumer shares: one executor whose commits wake the
-/// relay, so a handler's events are published without waiting for a poll,
-/// and one batching policy sized for all the consumers' lanes.
-fn consumers_inbox(
-    settings: &Settings,
-    domain: &Domain,
-    db: &DatabaseConnection,
-    wake: &Arc<Notify>,
-) -> Inbox {
-    Inbox::new(Executor::new(db.clone()).with_commit_signal(wake.clone()))
-        .with_outbox(service::Outbox::new(settings.outbox_mode))
-        .with_batching(
-            settings.inbox_batch(db.get_database_backend()),
-            settings.inbox_lanes(domain.registry.registrations().len()),
-        )
-}
-
-/// One consumer per registration, its durable consumer provisioned.
-async fn consumers(
-    settings: &Settings,
-    domain: &Domain,
-    inbox: Inbox,
-    js: &jetstream::Context,
-) -> Result<Vec<Consumer>> {
-    let config = settings.consumer(&domain.stream.name);
-    let mut consumers = Vec::new();
-    for registration in domain.registry.registrations() {
-        let consumer = Consumer::new(
-            inbox.clone(),
-            js.clone(),
-            registration.clone(),
-            config.clone(),
-        );
-        wait_out_broker("setting up the consumers", || consumer.ensure()).await?;
-        consumers.push(consumer);
-    }
-    Ok(consumers)
-}
-
-/// Each consumer's readiness (not paused for an outage), for /readyz.
-fn readiness_checks(consumers: &[Consumer]) -> Vec<api::probes::RoleCheck> {
-    consumers
-        .iter()
-        .map(|c| {
-            let health = c.health();
-            Arc::new(move || health.problem()) as api::probes::RoleCheck
-        })
-        .collect()
 }
 
 /// A process without the admin API serves its probes and metrics on

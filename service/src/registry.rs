@@ -50,6 +50,10 @@ pub struct Registration {
     /// Whether its messages may share a transaction with others (group
     /// commit, when the process batches); see [`Registry::unbatched`].
     pub batched: bool,
+    /// The stream it reads when that is not the domain's own: one another
+    /// service owns, which seawall never creates or changes; see
+    /// [`Registry::from_stream`]. `None`: the domain's own stream.
+    pub stream: Option<String>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -57,6 +61,7 @@ impl std::fmt::Debug for Registration {
         f.debug_struct("Registration")
             .field("consumer", &self.consumer)
             .field("subject", &self.subject)
+            .field("stream", &self.stream)
             .finish_non_exhaustive()
     }
 }
@@ -140,6 +145,7 @@ impl Registry {
             subject: subject.into(),
             kind: HandlerKind::Transaction(handler),
             batched: true,
+            stream: None,
         });
         self
     }
@@ -161,6 +167,7 @@ impl Registry {
             subject: subject.into(),
             kind: HandlerKind::Effect(Arc::new(effect), policy),
             batched: true,
+            stream: None,
         });
         self
     }
@@ -176,6 +183,21 @@ impl Registry {
     pub fn unbatched(mut self) -> Self {
         if let Some(last) = self.registrations.last_mut() {
             last.batched = false;
+        }
+        self
+    }
+
+    /// Reads the consumer registered last from `stream`, a stream another
+    /// service owns, instead of the domain's own. seawall never creates or
+    /// changes such a stream (its limits, retention and subjects are its
+    /// owner's): start-up refuses to go on while it does not exist, and
+    /// the consumer's durable JetStream consumer on it filters on the
+    /// consumer's subject alone. Its dead letters are replayed through the
+    /// domain's own stream, which a second durable consumer of the same
+    /// name reads for that consumer's replay subject only.
+    pub fn from_stream(mut self, stream: impl Into<String>) -> Self {
+        if let Some(last) = self.registrations.last_mut() {
+            last.stream = Some(stream.into());
         }
         self
     }

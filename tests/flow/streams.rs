@@ -1,13 +1,25 @@
 //! The stream seawall owns: created with seawall's fields, and on an
 //! existing stream only those fields are set, so what an operator changed
-//! (limits, storage, a description) survives every start.
+//! (limits, storage, a description) survives every start. A stream another
+//! service owns, which a consumer only reads, is never created or changed.
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream;
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, message::PublishMessage, stream};
+use sea_orm::{EntityTrait, PaginatorTrait};
 
-use crate::helpers::ledger_stream;
+use crate::helpers::{env, ledger_stream, req, with_ledger_stream};
+use crate::support::domain::{Entry, LEDGER_STREAM};
 use crate::support::nats::NatsServer;
+use crate::support::process::Seawall;
+use crate::support::{Backend, wait_until};
+
+/// The stream of another service the testbed's `ledger_foreign` consumer
+/// reads in these tests (`TESTBED_FOREIGN`).
+const PAYMENTS: &str = "PAYMENTS";
+const PAYMENT_SUBJECT: &str = "payments.credit";
+const FOREIGN_CONSUMER: &str = "ledger_foreign";
 
 /// The replay subjects seawall adds to the stream it owns.
 fn replay_subjects() -> String {
@@ -69,5 +81,114 @@ async fn a_missing_stream_is_created_with_seawalls_fields() {
     assert_eq!(
         made.config.subjects,
         vec!["ledger.>".to_owned(), replay_subjects()]
+    );
+}
+
+/// What another service's stream looks like: its own subjects, window,
+/// limits and description, none of them seawall's.
+async fn payments_stream(js: &jetstream::Context) -> stream::Config {
+    let stream = js
+        .create_stream(stream::Config {
+            name: PAYMENTS.into(),
+            subjects: vec!["payments.>".into()],
+            description: Some("owned by the payments team".into()),
+            max_messages: 50_000,
+            duplicate_window: Duration::from_secs(7),
+            max_age: Duration::from_secs(3600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    stream.cached_info().config.clone()
+}
+
+/// Publishes `n` credits on `subject`, a header map each (`headers`).
+async fn publish_credits(
+    js: &jetstream::Context,
+    subject: &str,
+    prefix: &str,
+    n: usize,
+    headers: HeaderMap,
+) {
+    for i in 0..n {
+        let payload = serde_json::to_vec(&req("acct", 1)).unwrap();
+        let msg = PublishMessage::build()
+            .payload(payload.into())
+            .headers(headers.clone())
+            .message_id(format!("{prefix}-{i}"));
+        js.send_publish(subject.to_owned(), msg)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+}
+
+/// A consumer of another service's stream: start-up leaves that stream as
+/// its owner made it (every field), the consumer handles what is published
+/// there, and a dead letter replayed to it (as the admin API does, onto its
+/// replay subject on the domain's own stream) reaches it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_another_service_owns_is_read_and_never_changed() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let before = payments_stream(&js).await;
+    let foreign = format!("{PAYMENTS}:{PAYMENT_SUBJECT}");
+    let mut consume = Seawall::spawn(
+        &["consume"],
+        &env(&t.url, &nats.url(), &[("TESTBED_FOREIGN", &foreign)]),
+    );
+    wait_until("the consumer running", Duration::from_secs(60), || async {
+        consume.log_text().contains("seawall is running")
+    })
+    .await;
+    publish_credits(&js, PAYMENT_SUBJECT, "pay", 20, HeaderMap::new()).await;
+    let replay = service::dead_letter::replay_subject(LEDGER_STREAM, FOREIGN_CONSUMER);
+    let mut headers = HeaderMap::new();
+    headers.insert(service::dead_letter::REPLAY_OF_HEADER, PAYMENT_SUBJECT);
+    publish_credits(&js, &replay, "replayed", 1, headers).await;
+    wait_until("21 credits", Duration::from_secs(60), || async {
+        Entry::find().count(&t.db).await.unwrap() == 21
+    })
+    .await;
+    let after = js
+        .get_stream(PAYMENTS)
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    assert_eq!(
+        after, before,
+        "the other service's stream is as its owner made it"
+    );
+    assert!(
+        consume.terminate().await.success(),
+        "{}",
+        consume.log_text()
+    );
+}
+
+/// A stream another service owns that does not exist stops start-up,
+/// naming it and the consumer; seawall does not make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_stream_another_service_owns_stops_start_up_and_is_not_made() {
+    let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
+    let foreign = format!("{PAYMENTS}:{PAYMENT_SUBJECT}");
+    let mut consume = Seawall::spawn(
+        &["consume"],
+        &env(&t.url, &nats.url(), &[("TESTBED_FOREIGN", &foreign)]),
+    );
+    let status = tokio::time::timeout(Duration::from_secs(60), consume.wait()).await;
+    let log = consume.log_text();
+    let status = status.unwrap_or_else(|_| panic!("start-up did not stop:\n{log}"));
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("stream PAYMENTS, which consumer ledger_foreign reads")
+            && log.contains("does not exist"),
+        "{log}"
+    );
+    assert!(
+        !worker::stream_exists(&js, PAYMENTS).await.unwrap(),
+        "seawall made another service's stream"
     );
 }

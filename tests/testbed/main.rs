@@ -71,6 +71,9 @@ async fn ledger_tables(settings: &Settings) -> Result<()> {
     Ok(())
 }
 
+/// The ledger consumer of `TESTBED_FOREIGN`'s stream.
+const FOREIGN_CONSUMER: &str = "ledger_foreign";
+
 /// The ledger's stream and consumers.
 fn ledger(settings: &Settings) -> Result<Domain> {
     let work = match std::env::var("TESTBED_WORK_MS") {
@@ -82,6 +85,20 @@ fn ledger(settings: &Settings) -> Result<Domain> {
         domain::RECORD_SUBJECT,
         domain::LedgerHandler { work },
     );
+    // `STREAM:subject`: the ledger handler also reads `subject` from
+    // `STREAM`, a stream another service owns (the test made it).
+    if let Ok(foreign) = std::env::var("TESTBED_FOREIGN") {
+        let (stream, subject) = foreign
+            .split_once(':')
+            .context("TESTBED_FOREIGN is STREAM:subject")?;
+        registry = registry
+            .register_handler(
+                ConsumerName::parse(FOREIGN_CONSUMER)?,
+                subject,
+                domain::LedgerHandler { work },
+            )
+            .from_stream(stream);
+    }
     if let Ok(url) = std::env::var("TESTBED_WEBHOOK_URL") {
         registry = registry.register_effect(
             ConsumerName::parse(domain::HOOK_CONSUMER)?,

@@ -23,9 +23,9 @@ pub mod relay;
 pub mod server_errors;
 pub mod streams;
 
-pub use consumer::{Consumer, ConsumerConfig, ConsumerHealth};
+pub use consumer::{Consumer, ConsumerConfig, ConsumerHealth, Reads};
 pub use drain::drain;
 pub use fault::FaultPoint;
 pub use relay::{Relay, RelayConfig, RelayReport};
 pub use server_errors::ServerErrors;
-pub use streams::{StreamError, StreamSpec, check_duplicate_window, ensure_stream};
+pub use streams::{StreamError, StreamSpec, check_duplicate_window, ensure_stream, stream_exists};

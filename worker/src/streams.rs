@@ -216,6 +216,19 @@ impl StreamSpec {
     }
 }
 
+/// Whether stream `name` exists, looked up without creating or changing
+/// it: for a stream another service owns, which a consumer only reads.
+///
+/// # Errors
+/// [`StreamError::Provision`] when JetStream could not be asked.
+pub async fn stream_exists(js: &jetstream::Context, name: &str) -> Result<bool, StreamError> {
+    match js.get_stream(name).await {
+        Ok(_) => Ok(true),
+        Err(err) if is_not_found(&err) => Ok(false),
+        Err(err) => Err(StreamError::provision(name, err)),
+    }
+}
+
 /// Whether a stream lookup failed because there is no such stream.
 fn is_not_found(err: &jetstream::context::GetStreamError) -> bool {
     matches!(

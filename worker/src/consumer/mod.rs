@@ -100,6 +100,22 @@ pub struct ConsumerConfig {
     pub infra_patience: Duration,
     /// A claim-path point to abort at (crash tests); `None` in production.
     pub fault: Option<crate::FaultPoint>,
+    /// Which subjects of `stream` the durable consumer reads.
+    pub reads: Reads,
+}
+
+/// Which subjects a consumer's durable JetStream consumer reads: a stream
+/// another service owns has no replay subject, and seawall may not add one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reads {
+    /// Its subject and its replay subject, on the domain's own stream.
+    #[default]
+    All,
+    /// Its subject alone, on a stream another service owns.
+    Deliveries,
+    /// Its replay subject alone, on the domain's own stream: where the dead
+    /// letters of a consumer of another service's stream are replayed.
+    Replays,
 }
 
 impl ConsumerConfig {
@@ -116,6 +132,7 @@ impl ConsumerConfig {
             max_handling: Duration::from_secs(300),
             infra_patience: Duration::from_secs(15 * 60),
             fault: None,
+            reads: Reads::All,
         }
     }
 }

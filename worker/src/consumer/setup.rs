@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use service::{BoxError, ConsumerName};
 
-use super::Consumer;
+use super::{Consumer, Reads};
 
 /// Consumer start-up failing.
 #[derive(Debug, thiserror::Error)]
@@ -66,9 +66,7 @@ impl Consumer {
         stream
             .create_consumer(pull::Config {
                 durable_name: Some(name),
-                // Its subject, and its own replay subject: a dead letter
-                // replayed there reaches this consumer and no other.
-                filter_subjects: vec![self.registration.subject.clone(), self.replay_subject()],
+                filter_subjects: self.filter_subjects(),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: self.config.ack_wait,
                 max_deliver: -1,
@@ -77,6 +75,17 @@ impl Consumer {
             })
             .await
             .map_err(|e| self.setup_error(e))
+    }
+
+    /// What the durable consumer reads: its subject, and its own replay
+    /// subject, where a dead letter replayed reaches this consumer and no
+    /// other (on the domain's own stream; see [`Reads`]).
+    fn filter_subjects(&self) -> Vec<String> {
+        match self.config.reads {
+            Reads::All => vec![self.registration.subject.clone(), self.replay_subject()],
+            Reads::Deliveries => vec![self.registration.subject.clone()],
+            Reads::Replays => vec![self.replay_subject()],
+        }
     }
 
     /// [`Consumer::ensure`], waiting with backoff while JetStream cannot
