@@ -349,8 +349,8 @@ async fn a_database_outage_spends_no_deliveries_and_dead_letters_nothing() {
     consume.assert_no_panic();
 }
 
-/// `seawall` itself, not the testbed: the testbed opens the database for
-/// its own tables first and would hide whether `serve` waits.
+/// The testbed without its ledger tables, whose own wait for the database
+/// would hide whether `serve` waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_process_started_while_the_database_is_down_waits_for_it() {
     let t = TestDb::empty(Backend::Postgres).await;
@@ -360,9 +360,13 @@ async fn a_process_started_while_the_database_is_down_waits_for_it() {
     // As HAProxy while no leader is elected: connections are accepted and
     // closed at once.
     proxy.cut();
-    let consume = Seawall::spawn_seawall(
+    let consume = Seawall::spawn(
         &["consume"],
-        &env(&proxy.url_for(&t.url, upstream), &nats.url(), &[]),
+        &env(
+            &proxy.url_for(&t.url, upstream),
+            &nats.url(),
+            &[("TESTBED_TABLES", "skip")],
+        ),
     );
     wait_until(
         "the process waiting for the database",
@@ -452,7 +456,10 @@ async fn a_process_started_while_the_database_is_read_only_waits_for_it() {
     ))
     .await
     .unwrap();
-    let consume = Seawall::spawn_seawall(&["consume"], &env(&t.url, &nats.url(), &[]));
+    let consume = Seawall::spawn(
+        &["consume"],
+        &env(&t.url, &nats.url(), &[("TESTBED_TABLES", "skip")]),
+    );
     wait_until(
         "the process waiting for the database",
         Duration::from_secs(30),

@@ -20,6 +20,7 @@ mod relay;
 mod relay_edges;
 mod replay;
 mod shutdown;
+mod sqlite_processes;
 mod streams;
 mod upgrade;
 mod wal;

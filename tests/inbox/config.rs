@@ -337,8 +337,7 @@ fn a_nats_password_is_not_printed_when_nats_cannot_be_reached() {
 /// The platform's tests run the testbed (the platform's command line on the
 /// test kit's domain), never `seawall` itself, whose domain is the one a
 /// fork replaces: a fork whose domain requires a setting would otherwise
-/// fail them. `Seawall::spawn_seawall` is the one way left, for the two
-/// start-up tests that need `seawall`'s own order of steps.
+/// fail them.
 #[test]
 fn the_platform_tests_never_run_the_seawall_binary() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");

@@ -38,14 +38,6 @@ impl Seawall {
         Self::spawn_program(&binary::path("seawall-testbed"), args, env)
     }
 
-    /// Starts `seawall <args>` itself: its own start-up path, where the
-    /// testbed's (which makes the ledger's tables before it serves) would
-    /// hide whether serving waits for the database. Only the two start-up
-    /// tests that need this use it; they set no domain setting.
-    pub fn spawn_seawall(args: &[&str], env: &[(&str, String)]) -> Self {
-        Self::spawn_program(&binary::path("seawall"), args, env)
-    }
-
     fn spawn_program(program: &Path, args: &[&str], env: &[(&str, String)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("seawall.log");
