@@ -54,6 +54,9 @@ pub struct Registration {
     /// service owns, which seawall never creates or changes; see
     /// [`Registry::from_stream`]. `None`: the domain's own stream.
     pub stream: Option<String>,
+    /// Whether its messages are handled one at a time, in stream order,
+    /// across every process; see [`Registry::ordered`].
+    pub ordered: bool,
 }
 
 impl std::fmt::Debug for Registration {
@@ -62,6 +65,7 @@ impl std::fmt::Debug for Registration {
             .field("consumer", &self.consumer)
             .field("subject", &self.subject)
             .field("stream", &self.stream)
+            .field("ordered", &self.ordered)
             .finish_non_exhaustive()
     }
 }
@@ -146,6 +150,7 @@ impl Registry {
             kind: HandlerKind::Transaction(handler),
             batched: true,
             stream: None,
+            ordered: false,
         });
         self
     }
@@ -168,6 +173,7 @@ impl Registry {
             kind: HandlerKind::Effect(Arc::new(effect), policy),
             batched: true,
             stream: None,
+            ordered: false,
         });
         self
     }
@@ -183,6 +189,22 @@ impl Registry {
     pub fn unbatched(mut self) -> Self {
         if let Some(last) = self.registrations.last_mut() {
             last.batched = false;
+        }
+        self
+    }
+
+    /// Handles the messages of the consumer registered last one at a time,
+    /// in the order of its stream, across every process that runs it: a
+    /// `release` published right after its `reserve` is never handled
+    /// first. JetStream hands out its next message only once the one
+    /// before is acknowledged or dead-lettered (`max_ack_pending` = 1), so
+    /// a failing message holds every message after it for its nak delays,
+    /// up to `MAX_DELIVER` deliveries, and the consumer's throughput is one
+    /// transaction at a time. Without it a consumer is unordered (see
+    /// docs/guarantees.md).
+    pub fn ordered(mut self) -> Self {
+        if let Some(last) = self.registrations.last_mut() {
+            last.ordered = true;
         }
         self
     }

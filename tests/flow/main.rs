@@ -12,6 +12,7 @@ mod journey;
 mod manifests;
 mod nats_secure;
 mod operate;
+mod ordering;
 mod otel;
 mod poison;
 mod probes;

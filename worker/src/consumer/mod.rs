@@ -184,6 +184,16 @@ impl Consumer {
         } else {
             inbox.without_batching()
         };
+        // One delivery at a time in this process too: JetStream's limit
+        // of one unacknowledged message holds the others back anyway.
+        let config = if registration.ordered {
+            ConsumerConfig {
+                concurrency: 1,
+                ..config
+            }
+        } else {
+            config
+        };
         Self {
             inbox,
             js,

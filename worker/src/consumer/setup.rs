@@ -70,11 +70,23 @@ impl Consumer {
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: self.config.ack_wait,
                 max_deliver: -1,
-                max_ack_pending: i64::try_from(self.config.concurrency * 64).unwrap_or(10_000),
+                max_ack_pending: self.max_ack_pending(),
                 ..Default::default()
             })
             .await
             .map_err(|e| self.setup_error(e))
+    }
+
+    /// How many deliveries JetStream lets be unacknowledged at once: one
+    /// for an ordered consumer (the next message only once this one is
+    /// settled, whichever process holds it), else room for every process's
+    /// concurrency.
+    fn max_ack_pending(&self) -> i64 {
+        if self.registration.ordered {
+            1
+        } else {
+            i64::try_from(self.config.concurrency * 64).unwrap_or(10_000)
+        }
     }
 
     /// What the durable consumer reads: its subject, and its own replay
