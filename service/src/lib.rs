@@ -18,6 +18,7 @@
 //! - [`classify`]: what a database error means, per backend.
 //! - [`domain`]: the domain's handlers and settings (here the example, credits; a fork replaces the folder).
 //! - [`registry`]: which handler consumes which subject.
+//! - [`effect`]: effects as plain async functions with a decoded payload.
 //! - [`relay`]: the statements the outbox relay runs (taking, holding and marking rows).
 //! - [`dead_letter`]: recording messages a consumer gave up on.
 //! - [`state`]: [`OutboxState`] and [`ClaimState`], each with the one condition that selects it.
@@ -37,6 +38,7 @@ pub mod classify;
 pub mod db;
 pub mod dead_letter;
 pub mod domain;
+pub mod effect;
 pub mod envelope;
 mod error;
 pub mod executor;
@@ -59,6 +61,7 @@ pub mod trace;
 pub mod wal;
 
 pub use backoff::Backoff;
+pub use effect::EffectCtx;
 pub use envelope::{ConsumerName, Envelope, EnvelopeError, MessageId};
 pub use error::{BoxError, HandlerError, InboxError, InboxErrorKind};
 pub use executor::{Executor, RetryPolicy, Savepoint, Unit, panic_message};

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::claim::ClaimPolicy;
+use crate::effect::{DecodingEffect, EffectFn};
 use crate::envelope::{ConsumerName, Envelope};
 use crate::error::HandlerError;
 use crate::handler::{
@@ -176,6 +177,35 @@ impl Registry {
             ordered: false,
         });
         self
+    }
+
+    /// Registers the async function `effect` as `consumer` of `subject`,
+    /// run behind a two-phase claim with `policy`:
+    /// `async fn(ctx: EffectCtx<'_>, state: &S, payload: P) ->
+    /// Result<Option<String>, HandlerError>`, where `state` was built at
+    /// start-up (a client, a URL) and the platform decodes `P` from the
+    /// payload ([`crate::Json`] for JSON); a payload that does not decode
+    /// is dead-lettered with the reason (its claim recorded as failed)
+    /// without the function being called.
+    pub fn register_effect_with<S, P, F>(
+        self,
+        consumer: ConsumerName,
+        subject: impl Into<String>,
+        state: S,
+        effect: F,
+        policy: ClaimPolicy,
+    ) -> Self
+    where
+        S: Send + Sync + 'static,
+        P: FromPayload,
+        F: for<'a> EffectFn<'a, S, P> + 'static,
+    {
+        self.register_effect(
+            consumer,
+            subject,
+            DecodingEffect::new(state, effect),
+            policy,
+        )
     }
 
     /// Commits each message of the consumer registered last in a
