@@ -254,7 +254,7 @@ pub enum ConfigError {
         problem: String,
     },
     #[error(
-        "environment variable {0} is not a setting (a misspelt key?); the settings are listed in the README's configuration reference"
+        "environment variable {0} is not a setting (a misspelt key?); the settings are listed in docs/configuration.md"
     )]
     UnknownVariable(String),
     #[error("the domain's setting `{0}` has the name of a platform setting; rename it")]
