@@ -1,11 +1,14 @@
 //! `seawall-testbed`: the platform's command line ([`seawall::cli`]: the
 //! roles, `migrate`, `relay --drop-slot`, `stats`, `prune`, `healthcheck`)
 //! on the test-only ledger domain of the test kit (`tests/kit`), configured
-//! like `seawall` (`SEAWALL_*`), plus two knobs of the domain's own:
-//! `TESTBED_WORK_MS` (a slow handler) and `TESTBED_WEBHOOK_URL` (the `hook`
-//! consumer, a two-phase claim that POSTs each recorded entry), and the
-//! crash tests' `TESTBED_FAULT` (a fault point to abort at, see
-//! `worker::FaultPoint`), which is no setting of the product.
+//! like `seawall` (`SEAWALL_*`), plus knobs of the domain's own:
+//! `TESTBED_WORK_MS` (a slow handler), `TESTBED_WEBHOOK_URL` (the `hook`
+//! consumer, a two-phase claim that POSTs each recorded entry),
+//! `TESTBED_FOREIGN` (`STREAM:subject`: a ledger consumer of a stream
+//! another service owns) and `TESTBED_TABLES=skip` (no ledger tables, for
+//! the start-up tests), and the crash tests' `TESTBED_FAULT` (a fault
+//! point to abort at, see `worker::FaultPoint`), which is no setting of
+//! the product.
 //!
 //! The platform's black-box tests (kill -9, SIGSTOP, outages, settings)
 //! run this rather than `seawall`, whose domain is the demo a fork
