@@ -19,11 +19,15 @@
 //! - `rows`: outbox rows and markers written as a busy service leaves them.
 //! - `wait`, `net`: conditions instead of sleeps; HTTP clients and ports.
 //! - `ahead`: a schema one expand step ahead of the tree's migrations.
+//! - `app`: [`app::spawn_app`], a service under test with its own database
+//!   and nats-server, for a domain's end-to-end tests.
 
 pub mod ledger;
 
 #[cfg(feature = "harness")]
 pub mod ahead;
+#[cfg(feature = "harness")]
+pub mod app;
 #[cfg(feature = "harness")]
 pub mod binary;
 #[cfg(feature = "harness")]
@@ -47,6 +51,8 @@ mod wait;
 #[cfg(feature = "harness")]
 pub mod webhook;
 
+#[cfg(feature = "harness")]
+pub use app::{App, spawn_app};
 #[cfg(feature = "harness")]
 pub use binary::{fails_naming, seawall_output, testbed_output};
 #[cfg(feature = "harness")]

@@ -35,10 +35,12 @@ impl Seawall {
     /// environment (plus `SEAWALL_LOG=info` and [`TEST_SETTINGS`]): what
     /// the platform's tests run, whatever a fork's domain requires.
     pub fn spawn(args: &[&str], env: &[(&str, String)]) -> Self {
-        Self::spawn_program(&binary::path("seawall-testbed"), args, env)
+        Self::spawn_binary(&binary::path("seawall-testbed"), args, env)
     }
 
-    fn spawn_program(program: &Path, args: &[&str], env: &[(&str, String)]) -> Self {
+    /// Starts `program <args>` (a service's binary, see
+    /// [`crate::binary::path`]) as [`Seawall::spawn`] starts the testbed.
+    pub fn spawn_binary(program: &Path, args: &[&str], env: &[(&str, String)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("seawall.log");
         let file = std::fs::File::create(&log).unwrap();

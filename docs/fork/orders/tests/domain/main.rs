@@ -1,7 +1,8 @@
-//! End to end through the `seawall` binary: `orders.placed` in, an order row
-//! and an `orders.accepted` event out; the same message delivered again
-//! (after the broker's duplicate window) is acknowledged as a duplicate and
-//! changes nothing.
+//! End to end through the `seawall` binary, which the test kit's
+//! `spawn_app` starts on a database and a nats-server of the test's own:
+//! `orders.placed` in, an order row and an `orders.accepted` event out; the
+//! same message delivered again (after the broker's duplicate window) is
+//! acknowledged as a duplicate and changes nothing.
 
 use testkit as support;
 
@@ -14,8 +15,7 @@ use sea_orm::{EntityTrait, PaginatorTrait};
 use entity::domain::orders;
 use entity::{inbox_message, outbox_message};
 use service::domain::orders::{ACCEPTED_SUBJECT, ORDERS_CONSUMER, ORDERS_STREAM, PLACED_SUBJECT};
-use support::nats::NatsServer;
-use support::{Backend, TestDb, wait_until};
+use support::{Backend, spawn_app, wait_until};
 
 /// Publishes the order with id `placed-o-1`; whether JetStream took it as a
 /// duplicate of an earlier one inside its window.
@@ -27,48 +27,39 @@ async fn place(js: &jetstream::Context) -> bool {
     ack.await.unwrap().duplicate
 }
 
-/// Whether the orders consumer has taken `deliveries` messages and settled them.
-async fn settled(js: &jetstream::Context, deliveries: u64) -> bool {
+/// Whether the orders consumer has been handed `deliveries` messages.
+async fn delivered(js: &jetstream::Context, deliveries: u64) -> bool {
     let Ok(stream) = js.get_stream(ORDERS_STREAM).await else {
         return false;
     };
     let Ok(mut consumer) = stream.get_consumer::<pull::Config>(ORDERS_CONSUMER).await else {
         return false;
     };
-    let Ok(info) = consumer.info().await else {
-        return false;
-    };
-    info.num_pending == 0
-        && info.num_ack_pending == 0
-        && info.delivered.consumer_sequence >= deliveries
+    consumer
+        .info()
+        .await
+        .is_ok_and(|info| info.delivered.consumer_sequence >= deliveries)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_placed_order_is_accepted_once_even_when_delivered_twice() {
-    let t = TestDb::new(Backend::Sqlite).await;
-    let nats = NatsServer::start().await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    // A one-second duplicate window, so the test can deliver the same
+    // message again past it (the window must cover lease + retry).
+    let app = spawn_app(
+        "seawall",
+        Backend::Sqlite,
+        &[
+            ("SEAWALL_DUPLICATE_WINDOW_MS", "1000"),
+            ("SEAWALL_RELAY_LEASE_MS", "400"),
+            ("SEAWALL_RELAY_RETRY_MAX_MS", "500"),
+        ],
+    )
+    .await;
+    let client = async_nats::connect(app.nats.url()).await.unwrap();
     let mut accepted = client.subscribe(ACCEPTED_SUBJECT).await.unwrap();
     client.flush().await.unwrap();
-    let _seawall = tokio::process::Command::new(env!("CARGO_BIN_EXE_seawall"))
-        .arg("run")
-        .env("SEAWALL_DATABASE_URL", &t.url)
-        .env("SEAWALL_NATS_URL", nats.url())
-        .env("SEAWALL_API_ADDR", "127.0.0.1:0")
-        // A one-second duplicate window, so the test can deliver the same
-        // message again past it (the window must cover lease + retry).
-        .env("SEAWALL_DUPLICATE_WINDOW_MS", "1000")
-        .env("SEAWALL_RELAY_LEASE_MS", "400")
-        .env("SEAWALL_RELAY_RETRY_MAX_MS", "500")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let js = jetstream::new(client.clone());
-    wait_until("the orders consumer", Duration::from_secs(30), || {
-        settled(&js, 0)
-    })
-    .await;
-    assert!(!place(&js).await);
+    let js = &app.js;
+    assert!(!place(js).await);
     let event = tokio::time::timeout(Duration::from_secs(30), accepted.next())
         .await
         .expect("orders.accepted within 30 s")
@@ -78,23 +69,20 @@ async fn a_placed_order_is_accepted_once_even_when_delivered_twice() {
     // The same message again, once the broker no longer drops it: only the
     // inbox stands between it and a second order.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while place(&js).await {
+    while place(js).await {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the window never passed"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    wait_until(
-        "the second delivery settled",
-        Duration::from_secs(30),
-        || settled(&js, 2),
-    )
+    wait_until("the second delivery taken", Duration::from_secs(30), || {
+        delivered(js, 2)
+    })
     .await;
-    assert_eq!(orders::Entity::find().count(&t.db).await.unwrap(), 1);
-    assert_eq!(inbox_message::Entity::find().count(&t.db).await.unwrap(), 1);
-    assert_eq!(
-        outbox_message::Entity::find().count(&t.db).await.unwrap(),
-        1
-    );
+    app.drain(ORDERS_STREAM, &[ORDERS_CONSUMER]).await;
+    let db = &app.db.db;
+    assert_eq!(orders::Entity::find().count(db).await.unwrap(), 1);
+    assert_eq!(inbox_message::Entity::find().count(db).await.unwrap(), 1);
+    assert_eq!(outbox_message::Entity::find().count(db).await.unwrap(), 1);
 }
