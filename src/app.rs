@@ -450,7 +450,7 @@ pub async fn serve(
     domain: Domain,
     stop: CancellationToken,
 ) -> Result<()> {
-    let pool = settings.pool_size(&roles, domain.registry.registrations().len())?;
+    let pool = settings.pool_size(&roles, consumers::consumer_count(&domain))?;
     let metrics = api::metrics::install().context("installing the metrics recorder")?;
     let start = async {
         let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;

@@ -243,8 +243,9 @@ impl Registry {
     /// service owns, instead of the domain's own. seawall never creates or
     /// changes such a stream (its limits, retention and subjects are its
     /// owner's): start-up refuses to go on while it does not exist, and
-    /// the consumer's durable JetStream consumer on it filters on the
-    /// consumer's subject alone. Its dead letters are replayed through the
+    /// the consumer's durable JetStream consumer on it (named after the
+    /// domain's stream and the consumer, so never one of the owner's)
+    /// filters on the consumer's subject alone. Its dead letters are replayed through the
     /// domain's own stream, which a second durable consumer of the same
     /// name reads for that consumer's replay subject only.
     pub fn from_stream(mut self, stream: impl Into<String>) -> Self {

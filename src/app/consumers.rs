@@ -31,8 +31,24 @@ pub(super) fn consumers_inbox(
         .with_outbox(service::Outbox::new(settings.outbox_mode))
         .with_batching(
             settings.inbox_batch(db.get_database_backend()),
-            settings.inbox_lanes(domain.registry.registrations().len()),
+            settings.inbox_lanes(consumer_count(domain)),
         )
+}
+
+/// How many consumers the domain runs: one per registration, two for one
+/// that reads another service's stream (see [`configs`]); what the pool and
+/// the inbox's lanes are sized for.
+pub(super) fn consumer_count(domain: &Domain) -> usize {
+    let own = &domain.stream.name;
+    domain
+        .registry
+        .registrations()
+        .iter()
+        .map(|r| match &r.stream {
+            Some(stream) if stream != own => 2,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// The consumers of every registration, their durable consumers
@@ -73,6 +89,7 @@ fn configs(own: &ConsumerConfig, registration: &Registration) -> Vec<ConsumerCon
             ConsumerConfig {
                 stream: stream.clone(),
                 reads: Reads::Deliveries,
+                durable_name: Some(foreign_durable_name(&own.stream, registration)),
                 ..own.clone()
             },
             ConsumerConfig {
@@ -82,6 +99,14 @@ fn configs(own: &ConsumerConfig, registration: &Registration) -> Vec<ConsumerCon
         ],
         _ => vec![own.clone()],
     }
+}
+
+/// The durable consumer's name on a stream another service owns: this
+/// service's stream and the consumer (`ORDERS-payments`), not the bare
+/// consumer name, which could be one of the owner's own durable consumers
+/// (creating one that exists would change its filter and its limits).
+pub(super) fn foreign_durable_name(own_stream: &str, registration: &Registration) -> String {
+    format!("{own_stream}-{}", registration.consumer)
 }
 
 /// Stops start-up when `stream`, which `registration` reads and another

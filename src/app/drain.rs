@@ -34,7 +34,7 @@ pub async fn drain_wal_slot(
         "--drain relays the WAL slot before dropping it: run it with outbox_mode = \"wal\""
     );
     let slot = settings.wal_slot();
-    let pool = settings.pool_size(&Roles::RELAY, domain.registry.registrations().len())?;
+    let pool = settings.pool_size(&Roles::RELAY, super::consumers::consumer_count(&domain))?;
     let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
     // Everything committed before now; nothing should come after. The
     // insert position: with synchronous_commit = off a commit may not be

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, message::PublishMessage, stream};
+use async_nats::jetstream::{self, consumer::pull, message::PublishMessage, stream};
 use sea_orm::{EntityTrait, PaginatorTrait};
 
 use crate::helpers::{env, ledger_stream, req, with_ledger_stream};
@@ -132,6 +132,19 @@ async fn publish_credits(
 async fn a_stream_another_service_owns_is_read_and_never_changed() {
     let (t, nats, js) = with_ledger_stream(Backend::Postgres).await;
     let before = payments_stream(&js).await;
+    // One of the owner's own consumers, with the name seawall's consumer has.
+    let theirs = pull::Config {
+        durable_name: Some(FOREIGN_CONSUMER.into()),
+        description: Some("the payments team's".into()),
+        filter_subject: "payments.refund".into(),
+        ..Default::default()
+    };
+    js.get_stream(PAYMENTS)
+        .await
+        .unwrap()
+        .create_consumer(theirs)
+        .await
+        .unwrap();
     let foreign = format!("{PAYMENTS}:{PAYMENT_SUBJECT}");
     let mut consume = Seawall::spawn(
         &["consume"],
@@ -150,17 +163,25 @@ async fn a_stream_another_service_owns_is_read_and_never_changed() {
         Entry::find().count(&t.db).await.unwrap() == 21
     })
     .await;
-    let after = js
-        .get_stream(PAYMENTS)
-        .await
-        .unwrap()
-        .cached_info()
-        .config
-        .clone();
+    let stream = js.get_stream(PAYMENTS).await.unwrap();
+    let after = stream.cached_info().config.clone();
     assert_eq!(
         after, before,
         "the other service's stream is as its owner made it"
     );
+    let mut kept = stream
+        .get_consumer::<pull::Config>(FOREIGN_CONSUMER)
+        .await
+        .unwrap();
+    let kept = kept.info().await.unwrap().config.clone();
+    assert_eq!(
+        kept.filter_subject, "payments.refund",
+        "the owner's consumer is untouched"
+    );
+    assert_eq!(kept.description.as_deref(), Some("the payments team's"));
+    let ours = format!("{LEDGER_STREAM}-{FOREIGN_CONSUMER}");
+    let mut ours = stream.get_consumer::<pull::Config>(&ours).await.unwrap();
+    assert_eq!(ours.info().await.unwrap().num_pending, 0);
     assert!(
         consume.terminate().await.success(),
         "{}",

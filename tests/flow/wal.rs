@@ -401,6 +401,45 @@ async fn a_relay_waits_out_a_database_that_cannot_prepare_its_slot_yet() {
     drop_slot(&t);
 }
 
+/// The same for a table-mode consumer's check that the database is not in
+/// WAL mode: it waits for a lock on `wal_relay_position` held past the
+/// database's `lock_timeout`, and starts once it is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_waits_out_a_database_that_cannot_tell_its_outbox_mode_yet() {
+    let (t, nats, _js) = with_ledger_stream(Backend::Postgres).await;
+    t.db.execute_unprepared(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET lock_timeout = %L', current_database(), '200ms'); END $$",
+    )
+    .await
+    .unwrap();
+    let holder = t.second_pool().await;
+    let txn = holder.begin().await.unwrap();
+    txn.execute_unprepared("LOCK TABLE wal_relay_position IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut consume = Seawall::spawn(&["consume"], &env(&t.url, &nats.url(), &[]));
+    wait_until(
+        "the consumer waiting to check the outbox mode",
+        Duration::from_secs(60),
+        || async {
+            let log = consume.log_text();
+            log.contains("the database cannot do this yet")
+                && log.contains("checking the outbox mode")
+        },
+    )
+    .await;
+    txn.commit().await.unwrap();
+    wait_until("the consumer running", Duration::from_secs(60), || async {
+        consume.log_text().contains("seawall is running")
+    })
+    .await;
+    assert!(
+        consume.terminate().await.success(),
+        "{}",
+        consume.log_text()
+    );
+}
+
 /// Two relays on one slot: the first holds it, the second waits. The first
 /// is killed with SIGKILL while events flow; the second takes over, and
 /// every event is on the stream exactly once (the copies it republished

@@ -45,7 +45,7 @@ pub struct App {
 /// and waits until it is running.
 ///
 /// # Panics
-/// When it exits or is not running within a minute, with its log.
+/// When it is not running within a minute (it exited, say), with its log.
 pub async fn spawn_app(binary: &str, backend: Backend, env: &[(&str, &str)]) -> App {
     let db = TestDb::new(backend).await;
     let nats = NatsServer::start().await;

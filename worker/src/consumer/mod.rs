@@ -102,6 +102,11 @@ pub struct ConsumerConfig {
     pub fault: Option<crate::FaultPoint>,
     /// Which subjects of `stream` the durable consumer reads.
     pub reads: Reads,
+    /// The durable consumer's name when it is not the consumer's own: on a
+    /// stream another service owns, a name that service's own consumers
+    /// cannot have (see `seawall::app`), since creating a durable consumer
+    /// that exists updates it.
+    pub durable_name: Option<String>,
 }
 
 /// Which subjects a consumer's durable JetStream consumer reads: a stream
@@ -133,6 +138,7 @@ impl ConsumerConfig {
             infra_patience: Duration::from_secs(15 * 60),
             fault: None,
             reads: Reads::All,
+            durable_name: None,
         }
     }
 }

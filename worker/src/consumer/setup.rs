@@ -62,7 +62,11 @@ impl Consumer {
             .get_stream(&self.config.stream)
             .await
             .map_err(|e| self.setup_error(e))?;
-        let name = self.registration.consumer.to_string();
+        let name = self
+            .config
+            .durable_name
+            .clone()
+            .unwrap_or_else(|| self.registration.consumer.to_string());
         stream
             .create_consumer(pull::Config {
                 durable_name: Some(name),
