@@ -22,6 +22,7 @@ mod relay_edges;
 mod replay;
 mod shutdown;
 mod sqlite_processes;
+mod start_up;
 mod streams;
 mod upgrade;
 mod wal;
