@@ -216,11 +216,8 @@ impl Registry {
     /// fail), a transaction-level advisory lock (held until the whole batch
     /// commits). Settings made with `SET LOCAL` need not: a batch resets
     /// them between units.
-    pub fn unbatched(mut self) -> Self {
-        if let Some(last) = self.registrations.last_mut() {
-            last.batched = false;
-        }
-        self
+    pub fn unbatched(self) -> Self {
+        self.with_last(|last| last.batched = false)
     }
 
     /// Handles the messages of the consumer registered last one at a time,
@@ -232,11 +229,8 @@ impl Registry {
     /// up to `MAX_DELIVER` deliveries, and the consumer's throughput is one
     /// transaction at a time. Without it a consumer is unordered (see
     /// docs/guarantees.md).
-    pub fn ordered(mut self) -> Self {
-        if let Some(last) = self.registrations.last_mut() {
-            last.ordered = true;
-        }
-        self
+    pub fn ordered(self) -> Self {
+        self.with_last(|last| last.ordered = true)
     }
 
     /// Reads the consumer registered last from `stream`, a stream another
@@ -248,9 +242,15 @@ impl Registry {
     /// filters on the consumer's subject alone. Its dead letters are replayed through the
     /// domain's own stream, which a second durable consumer of the same
     /// name reads for that consumer's replay subject only.
-    pub fn from_stream(mut self, stream: impl Into<String>) -> Self {
+    pub fn from_stream(self, stream: impl Into<String>) -> Self {
+        let stream = stream.into();
+        self.with_last(|last| last.stream = Some(stream))
+    }
+
+    /// Changes the registration made last (none yet: nothing to change).
+    fn with_last(mut self, change: impl FnOnce(&mut Registration)) -> Self {
         if let Some(last) = self.registrations.last_mut() {
-            last.stream = Some(stream.into());
+            change(last);
         }
         self
     }
