@@ -213,12 +213,13 @@ async fn refused_and_rolled_back_events_do_not_stop_the_rest() {
         &["relay"],
         &wal_env(&t, &nats.url(), &[("SEAWALL_RELAY_MAX_ATTEMPTS", "2")]),
     );
-    let dead = |id: &'static str| {
+    // Whether row `id` has `column` (dead_at, published_at) set.
+    let marked = |id: &'static str, column: outbox_message::Column| {
         let db = t.db.clone();
         async move {
             outbox_message::Entity::find()
                 .filter(outbox_message::Column::MessageId.eq(id))
-                .filter(outbox_message::Column::DeadAt.is_not_null())
+                .filter(column.is_not_null())
                 .count(&db)
                 .await
                 .unwrap()
@@ -228,7 +229,10 @@ async fn refused_and_rolled_back_events_do_not_stop_the_rest() {
     wait_until(
         "both refused events are dead rows",
         Duration::from_secs(60),
-        || async { dead("refused-x").await && dead("refused-y").await },
+        || async {
+            let dead = outbox_message::Column::DeadAt;
+            marked("refused-x", dead).await && marked("refused-y", dead).await
+        },
     )
     .await;
     wait_until(
@@ -236,6 +240,12 @@ async fn refused_and_rolled_back_events_do_not_stop_the_rest() {
         Duration::from_secs(30),
         || async { stored_on(&js, RECORDED_SUBJECT).await.len() >= 4 },
     )
+    .await;
+    // c went out from the table: its row is marked once its PubAck is in,
+    // a moment after the stream holds it.
+    wait_until("c's row marked published", Duration::from_secs(30), || {
+        marked("c", outbox_message::Column::PublishedAt)
+    })
     .await;
     let ids: Vec<String> = stored_on(&js, RECORDED_SUBJECT)
         .await
