@@ -465,11 +465,15 @@ pub async fn serve(
         "off".into()
     };
     if crate::telemetry::json_logs() {
-        tracing::info!(relay = roles.relay, consume = roles.consume, %api, "seawall is running");
+        tracing::info!(service = crate::SERVICE, relay = roles.relay, consume = roles.consume, %api, "seawall is running");
     } else {
+        // "seawall is running" whatever the service is called: scripts and
+        // tests wait for these words.
         eprintln!(
-            "seawall is running (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
-            roles.relay, roles.consume
+            "seawall is running {} (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
+            crate::SERVICE,
+            roles.relay,
+            roles.consume
         );
     }
     app.run_until(stop).await

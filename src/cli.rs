@@ -77,7 +77,7 @@ pub fn main<S: Service>() -> ExitCode {
 
 /// Exactly-once effects over at-least-once messaging.
 #[derive(Debug, Parser)]
-#[command(name = "seawall", version, about)]
+#[command(name = crate::SERVICE, version, about)]
 struct Cli<C: Subcommand> {
     /// TOML configuration file; `SEAWALL_*` environment variables override it.
     #[arg(long, global = true, env = "SEAWALL_CONFIG")]

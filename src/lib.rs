@@ -30,5 +30,12 @@ pub mod nats;
 pub mod telemetry;
 pub mod webhook;
 
+/// The service's name: its package's (the root `Cargo.toml`), which is also
+/// its binary's. The command line, the default OpenTelemetry service name
+/// and the benchmarks' default binary use it, so renaming the package
+/// renames the service everywhere it is not the platform speaking
+/// (`SEAWALL_` settings, `seawall_` metrics and the library stay seawall's).
+pub const SERVICE: &str = env!("CARGO_PKG_NAME");
+
 pub use app::{Application, Domain, Roles};
 pub use config::Settings;

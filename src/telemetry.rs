@@ -216,7 +216,7 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
     let exporting = exporting()?;
     let mut resource = Resource::builder().with_attributes(process_attributes());
     if !service_named() {
-        resource = resource.with_service_name("seawall");
+        resource = resource.with_service_name(crate::SERVICE);
     }
     let mut builder = SdkTracerProvider::builder().with_resource(resource.build());
     if exporting {

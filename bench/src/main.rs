@@ -99,7 +99,7 @@ enum Scenario {
         rows: u64,
     },
     /// Peak RSS of a `seawall relay` process: small against large backlog.
-    /// Runs the `seawall` binary next to this one, or `SEAWALL_BIN`.
+    /// Runs the service's binary next to this one, or `SEAWALL_BIN`.
     RelayMemory {
         /// Small backlog.
         #[arg(long, default_value_t = 10_000)]

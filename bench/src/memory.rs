@@ -12,11 +12,12 @@ use async_nats::jetstream;
 use crate::pg::PgServer;
 use crate::report::{Column, Figures, Report};
 
-/// Overrides where the `seawall` binary is.
+/// Overrides where the service's binary is.
 const BIN_VAR: &str = "SEAWALL_BIN";
 
-/// The `seawall` binary to measure: `SEAWALL_BIN`, or the one next to this
-/// executable (cargo builds both into the same target directory).
+/// The service's binary to measure (named after its package,
+/// [`seawall::SERVICE`]): `SEAWALL_BIN`, or the one next to this executable
+/// (cargo builds both into the same target directory).
 ///
 /// # Errors
 /// When there is no file at that path, naming it and how to provide one.
@@ -25,12 +26,17 @@ fn seawall_binary() -> Result<PathBuf> {
         Some(path) => PathBuf::from(path),
         None => std::env::current_exe()
             .context("locating this executable")?
-            .with_file_name(format!("seawall{}", std::env::consts::EXE_SUFFIX)),
+            .with_file_name(format!(
+                "{}{}",
+                seawall::SERVICE,
+                std::env::consts::EXE_SUFFIX
+            )),
     };
     anyhow::ensure!(
         path.is_file(),
-        "the seawall binary is not at {}: build it next to seawall-bench (cargo build --release -p seawall -p seawall-bench) or set {BIN_VAR}",
-        path.display()
+        "the service's binary is not at {}: build it next to seawall-bench (cargo build --release -p {} -p seawall-bench) or set {BIN_VAR}",
+        path.display(),
+        seawall::SERVICE
     );
     Ok(path)
 }

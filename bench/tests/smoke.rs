@@ -12,7 +12,9 @@ async fn smoke(scenario: &str, nats: &NatsServer) {
         .args([scenario, "--smoke", "--json"])
         .env("SEAWALL_BENCH_PG_URL", pg)
         .env("SEAWALL_BENCH_NATS_URL", nats.url())
-        .env("SEAWALL_BIN", binary::path("seawall"))
+        // The platform's relay on the kit's domain: a fork's `seawall` may
+        // require settings of its own.
+        .env("SEAWALL_BIN", binary::path("seawall-testbed"))
         .output()
         .await
         .expect("seawall-bench starts");

@@ -3,7 +3,7 @@
 
 use std::process::Output;
 
-use crate::support::{fails_naming, seawall_output};
+use crate::support::{binary_output, fails_naming};
 
 fn migrate(file_text: &str, env: &[(&str, &str)]) -> Output {
     let dir = tempfile::tempdir().unwrap();
@@ -12,7 +12,11 @@ fn migrate(file_text: &str, env: &[(&str, &str)]) -> Output {
     std::fs::write(&file, file_text).unwrap();
     let mut all = vec![("SEAWALL_DATABASE_URL", url.as_str())];
     all.extend_from_slice(env);
-    seawall_output(&["--config", file.to_str().unwrap(), "migrate"], &all)
+    binary_output(
+        env!("CARGO_PKG_NAME"),
+        &["--config", file.to_str().unwrap(), "migrate"],
+        &all,
+    )
 }
 
 #[test]

@@ -1,6 +1,5 @@
 //! A service under test, started the way its domain's tests need it:
-//! [`spawn_app`] runs the service's binary (`seawall`, or a fork's own
-//! name) with `run` on a fresh database and a nats-server of the test's
+//! [`spawn_app`] runs the service's binary (named after its package) with `run` on a fresh database and a nats-server of the test's
 //! own, the admin API on a free port, and hands the test what it works
 //! with: the database, a JetStream context, the API's address, a drain, and
 //! the process's log when the test fails.
@@ -40,7 +39,8 @@ pub struct App {
     pub nats: NatsServer,
 }
 
-/// Starts `binary run` (a binary of the workspace, such as `seawall`) on a
+/// Starts `binary run` (a binary of the workspace: a domain's tests pass
+/// `env!("CARGO_PKG_NAME")`, the service's, which follows a rename) on a
 /// fresh `backend` database and a private nats-server, with `env` on top,
 /// and waits until it is running.
 ///

@@ -27,19 +27,17 @@ pub fn path(name: &str) -> PathBuf {
     bin
 }
 
-/// Runs the `seawall` binary to its end with `args` and extra environment
-/// variables, for start-up checks that never reach a server.
-pub fn seawall_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    output("seawall", args, env)
-}
-
-/// [`seawall_output`] for `seawall-testbed`: the platform's command line
-/// on the kit's domain, whatever a fork's domain requires of `seawall`.
+/// [`binary_output`] for `seawall-testbed`: the platform's command line
+/// on the kit's domain, whatever a fork's domain requires of its service.
 pub fn testbed_output(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    output("seawall-testbed", args, env)
+    binary_output("seawall-testbed", args, env)
 }
 
-fn output(program: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+/// Runs the workspace's binary `program` to its end with `args` and extra
+/// environment variables, for start-up checks that never reach a server.
+/// A domain's tests name the service's binary `env!("CARGO_PKG_NAME")`, so
+/// they follow a renamed package.
+pub fn binary_output(program: &str, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = std::process::Command::new(path(program));
     cmd.args(args);
     for (k, v) in env {

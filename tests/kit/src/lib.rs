@@ -54,7 +54,7 @@ pub mod webhook;
 #[cfg(feature = "harness")]
 pub use app::{App, spawn_app};
 #[cfg(feature = "harness")]
-pub use binary::{fails_naming, seawall_output, testbed_output};
+pub use binary::{binary_output, fails_naming, testbed_output};
 #[cfg(feature = "harness")]
 pub use db::{Backend, TestDb, backend_named, charted, connect, pg_count, server_url};
 #[cfg(feature = "harness")]

@@ -1,5 +1,6 @@
 //! Orders: an `orders.placed` message becomes an accepted order and an
-//! `orders.accepted` event, in the inbox's transaction.
+//! `orders.accepted` event, in the inbox's transaction; the `shipping`
+//! consumer then POSTs each `orders.accepted` event to the shipping service.
 
 use chrono::Utc;
 use sea_orm::ActiveValue::Set;
@@ -11,8 +12,10 @@ use entity::domain::orders;
 use super::Settings;
 use crate::{Ctx, HandlerError, Json, NewEvent};
 
-/// The consumer's name.
+/// The consumer that accepts placed orders.
 pub const ORDERS_CONSUMER: &str = "orders";
+/// The consumer that hands accepted orders to the shipping service.
+pub const SHIPPING_CONSUMER: &str = "shipping";
 /// The stream of the orders subjects.
 pub const ORDERS_STREAM: &str = "ORDERS";
 /// Incoming orders.
