@@ -215,7 +215,7 @@ impl Application {
         };
         let maintenance = Maintenance::for_roles(settings, roles, &db, retention);
         let reads = connect_admin_reads_for(settings, roles).await?;
-        let checks = readiness_checks(&consumers);
+        let checks = readiness_checks(&consumers, wal_relay.as_ref());
         let probes = bind_probes(settings, roles, &db, &client, metrics.as_ref(), &checks).await?;
         let tokens = settings.api_tokens()?;
         let api = roles.api.then(|| {

@@ -128,13 +128,18 @@ async fn require_stream(
     Ok(())
 }
 
-/// Each consumer's readiness (not paused for an outage), for /readyz.
-pub(super) fn readiness_checks(consumers: &[Consumer]) -> Vec<api::probes::RoleCheck> {
+/// Each consumer's readiness (not paused for an outage), and the WAL
+/// relay's (not stepped aside as a synchronous standby), for /readyz.
+pub(super) fn readiness_checks(
+    consumers: &[Consumer],
+    wal_relay: Option<&worker::relay::wal::WalRelay>,
+) -> Vec<api::probes::RoleCheck> {
     consumers
         .iter()
         .map(|c| {
             let health = c.health();
             Arc::new(move || health.problem()) as api::probes::RoleCheck
         })
+        .chain(wal_relay.map(worker::relay::wal::WalRelay::readiness))
         .collect()
 }

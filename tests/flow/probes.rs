@@ -13,7 +13,7 @@ use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::{Backend, free_port, http_client, wait_until};
 
 /// GET `url`: the status and body, or `None` while nothing answers.
-async fn get(url: &str) -> Option<(u16, String)> {
+pub(crate) async fn get(url: &str) -> Option<(u16, String)> {
     let res = http_client().get(url).send().await.ok()?;
     let status = res.status().as_u16();
     Some((status, res.text().await.ok()?))

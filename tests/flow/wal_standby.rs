@@ -12,7 +12,7 @@ use crate::helpers::ledger_stream;
 use crate::support::nats::NatsServer;
 use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
-use crate::support::{TestDb, connect, pg_count};
+use crate::support::{TestDb, connect, free_port, pg_count};
 use crate::wal::{commit_events, recorded, slot_of, until_held, wal_env};
 use crate::wal_windows::{commit_one_key, stream_messages, until};
 
@@ -215,4 +215,93 @@ async fn a_relay_that_cannot_reach_its_database_does_not_hold_its_shutdown() {
     assert_eq!(stream_messages(&js).await, 0);
     assert!(relay.terminate().await.success(), "{}", relay.log_text());
     relay.assert_no_panic();
+}
+
+/// `synchronous_standby_names = '*'`, and the relay connected before the
+/// only physical standby, as after a primary's restart: the relay's
+/// walsender is the synchronous standby, so commits wait for the relay,
+/// which waits for a physical standby at its gate (or for its own records'
+/// commits). The relay steps aside: it disconnects,
+/// says why naming the setting, and is not ready; the physical standby,
+/// once there, is the synchronous one and an event's commit returns. Once
+/// the setting names the standby, the relay comes back and publishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_chosen_as_the_synchronous_standby_steps_aside() {
+    let primary = PrivatePostgres::start(&["wal_level=logical", "synchronous_commit=on"]);
+    let t = TestDb::on_postgres(&primary.url).await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let probes = format!("127.0.0.1:{}", free_port());
+    let mut relay = Seawall::spawn(
+        &["relay"],
+        &wal_env(&t, &nats.url(), &[("SEAWALL_METRICS_ADDR", &probes)]),
+    );
+    until_held(&relay, &t, Duration::from_secs(60)).await;
+    // Alone, the relay's walsender is now the synchronous standby: it
+    // steps aside.
+    set_standby_names(&t, "*").await;
+    until(
+        &relay,
+        "the relay steps aside",
+        Duration::from_secs(60),
+        || async {
+            relay
+                .log_text()
+                .contains("stays off until synchronous_standby_names changes")
+        },
+    )
+    .await;
+    let _standby = PrivatePostgres::standby(&primary, "standby1", &[]);
+    let commit = tokio::time::timeout(
+        Duration::from_secs(60),
+        commit_events(&t.db, vec![recorded("while-aside", Some("k"))]),
+    )
+    .await;
+    assert!(
+        commit.is_ok(),
+        "the commit still waits for the relay after 60 s; its log:\n{}",
+        relay.log_text()
+    );
+    let readyz = format!("http://{probes}/readyz");
+    let (status, body) = crate::probes::get(&readyz).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("synchronous standby"), "{body}");
+    assert_eq!(stream_messages(&js).await, 0);
+
+    set_standby_names(&t, "standby1").await;
+    until(
+        &relay,
+        "the relay comes back and publishes the event",
+        Duration::from_secs(60),
+        || async { stream_messages(&js).await == 1 },
+    )
+    .await;
+    until(
+        &relay,
+        "the relay ready again",
+        Duration::from_secs(30),
+        || async {
+            crate::probes::get(&readyz)
+                .await
+                .is_some_and(|(s, _)| s == 200)
+        },
+    )
+    .await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+}
+
+async fn set_standby_names(t: &TestDb, names: &str) {
+    for sql in [
+        format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'"),
+        "SELECT pg_reload_conf()".to_owned(),
+    ] {
+        t.db.execute_unprepared(&sql).await.unwrap();
+    }
 }

@@ -195,6 +195,49 @@ pub async fn standbys(
     })
 }
 
+/// `synchronous_standby_names` now, on the server `db` writes to: a relay
+/// that stepped aside as a synchronous standby waits for it to change.
+///
+/// # Errors
+/// The database error.
+pub async fn synchronous_standby_names(db: &DatabaseConnection) -> Result<String, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT current_setting('synchronous_standby_names') AS names",
+        ))
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("synchronous_standby_names".into()))?;
+    row.try_get("", "names")
+}
+
+/// `synchronous_standby_names` when the walsender streaming `slot` (a
+/// relay's own) is a synchronous standby (`sync_state = 'sync'`): the
+/// setting matches its `application_name` (`*` does) and it won the
+/// priority. Commits then wait for the relay, whose own records and gate
+/// wait for commits or for a physical standby they no longer wait for:
+/// every commit that writes events would hang. `None` otherwise; as a
+/// quorum member (`ANY k`) it is harmless, the physical standbys of the
+/// quorum answering for it.
+///
+/// # Errors
+/// The database error.
+pub async fn synchronous_role(
+    db: &DatabaseConnection,
+    slot: &str,
+) -> Result<Option<String>, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT current_setting('synchronous_standby_names') AS names \
+             FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid \
+             WHERE s.slot_name = $1 AND r.sync_state = 'sync'",
+            [slot.into()],
+        ))
+        .await?;
+    row.map(|r| r.try_get("", "names")).transpose()
+}
+
 /// Most values bound in one statement: PostgreSQL takes at most 65,535,
 /// and a window may hand over more events (or name more keys) than that.
 const BINDS_PER_STATEMENT: usize = 10_000;

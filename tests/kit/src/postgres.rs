@@ -58,6 +58,10 @@ impl PrivatePostgres {
             "-X",
             "stream",
             "--no-sync",
+            // An immediate checkpoint: a spread one paces its writes over
+            // most of checkpoint_timeout, a minute and more on a primary
+            // that has written anything.
+            "--checkpoint=fast",
         ]);
         let data = std::path::Path::new(&data);
         std::fs::write(data.join("standby.signal"), "").expect("standby.signal");

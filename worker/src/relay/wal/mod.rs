@@ -52,6 +52,7 @@
 //! - here: the relay's sessions, their backoff and metrics.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -114,6 +115,18 @@ pub enum WalError {
         "the WAL relay's database connections reach a server its replication connection for slot {0:?} does not stream from; starting the session again"
     )]
     Elsewhere(String),
+    /// The relay's own walsender is a synchronous standby: commits wait for
+    /// the relay, whose gate waits for a physical standby they no longer
+    /// wait for, so every event-writing commit would hang.
+    #[error(
+        "the WAL relay's replication connection for slot {slot:?} is a synchronous standby (synchronous_standby_names = '{names}' matches its application_name): commits would wait for the relay, which waits for a physical standby"
+    )]
+    SynchronousStandby {
+        /// The relay's slot.
+        slot: String,
+        /// `synchronous_standby_names` as it was.
+        names: String,
+    },
     /// The relay was asked to stop before a window was published.
     #[error("the WAL relay stopped before its window was published")]
     Stopped,
@@ -167,6 +180,9 @@ pub struct WalRelay {
     /// Message ids JetStream acknowledged in windows that could not be
     /// recorded: the next reading of such a window skips them.
     unrecorded: std::sync::Mutex<HashSet<String>>,
+    /// Why the relay is off while it is (it stepped aside as a synchronous
+    /// standby), for `/readyz`.
+    problem: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl WalRelay {
@@ -178,7 +194,52 @@ impl WalRelay {
             config,
             held: std::sync::atomic::AtomicBool::new(false),
             unrecorded: std::sync::Mutex::default(),
+            problem: Arc::default(),
         }
+    }
+
+    /// Why the relay cannot relay now, asked at every `/readyz`: `Some`
+    /// while it stays off as a synchronous standby would be.
+    pub fn readiness(&self) -> Arc<dyn Fn() -> Option<String> + Send + Sync> {
+        let problem = Arc::clone(&self.problem);
+        Arc::new(move || problem.lock().ok().and_then(|p| p.clone()))
+    }
+
+    fn set_problem(&self, problem: Option<String>) {
+        if let Ok(mut slot) = self.problem.lock() {
+            *slot = problem;
+        }
+    }
+
+    /// Disconnected already (the session ended), stays off while
+    /// `synchronous_standby_names` is still `names`: PostgreSQL then picks a
+    /// physical standby and commits go on. Connecting again with the same
+    /// setting could make the relay the synchronous standby again (a
+    /// walsender in a lower slot wins a tie of priorities), so it waits for
+    /// the operator to name the physical standbys, or for `cancel`.
+    async fn step_aside(&self, slot: &str, names: &str, cancel: &CancellationToken) {
+        tracing::error!(
+            %slot,
+            synchronous_standby_names = %names,
+            "the WAL relay's walsender was chosen as a synchronous standby, and commits would wait for it: it disconnected and stays off until synchronous_standby_names changes; name the physical standbys there (e.g. FIRST 1 (standby1, standby2)) instead of a pattern the relay's application_name matches"
+        );
+        self.set_problem(Some(format!(
+            "the WAL relay is off: its walsender for slot {slot} was a synchronous standby under synchronous_standby_names = '{names}'"
+        )));
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep(self.config.standby_retry) => {}
+            }
+            match service::wal::relay::synchronous_standby_names(&self.db).await {
+                Ok(now) if now != names => break,
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::debug!(error = %err, "could not read synchronous_standby_names")
+                }
+            }
+        }
+        self.set_problem(None);
     }
 
     /// Reads the slot while this relay holds it, and waits as a standby
@@ -198,6 +259,11 @@ impl WalRelay {
             }
             let wait = match ended {
                 Ok(()) => break,
+                Err(WalError::SynchronousStandby { slot, names }) => {
+                    metrics::gauge!("seawall_wal_relay_active").set(0.0);
+                    self.step_aside(&slot, &names, &cancel).await;
+                    Duration::ZERO
+                }
                 Err(WalError::Standby(slot)) => {
                     if !standby_logged {
                         tracing::info!(%slot, "another relay holds the WAL slot; waiting as a standby");
@@ -243,9 +309,8 @@ impl WalRelay {
     }
 
     /// One replication session: take the slot, then relay windows until
-    /// `cancel` fires or the stream fails. A reader task assembles the next
-    /// window while this one is published; positions go back to it to be
-    /// confirmed.
+    /// `cancel` fires or the stream fails, or until the session's walsender
+    /// turns out to be a synchronous standby.
     async fn session(&self, cancel: &CancellationToken) -> Result<(), WalError> {
         let (config, application) = self.session_config()?;
         // The slot itself may be behind after a PostgreSQL crash: start
@@ -253,6 +318,41 @@ impl WalRelay {
         // skipped by the server instead of published again.
         let position = self.position().await?;
         let client = self.stream_from(config, position.lsn).await?;
+        // Watched from the first statement on: the session's own records
+        // are commits too, and would wait for this very connection.
+        tokio::select! {
+            held = self.hold(client, position, &application, cancel) => held,
+            chosen = self.until_synchronous() => Err(chosen),
+        }
+    }
+
+    /// Returns once the walsender streaming the slot is a synchronous
+    /// standby (asked every [`ROLE_CHECK`]; errors are left to the session,
+    /// which meets them too).
+    async fn until_synchronous(&self) -> WalError {
+        loop {
+            tokio::time::sleep(ROLE_CHECK).await;
+            if let Ok(Some(names)) =
+                service::wal::relay::synchronous_role(&self.db, &self.config.slot).await
+            {
+                return WalError::SynchronousStandby {
+                    slot: self.config.slot.clone(),
+                    names,
+                };
+            }
+        }
+    }
+
+    /// The session once streaming: records its take-over, then relays
+    /// windows. A reader task assembles the next window while this one is
+    /// published; positions go back to it to be confirmed.
+    async fn hold(
+        &self,
+        client: ReplicationClient,
+        position: service::wal::relay::Position,
+        application: &str,
+        cancel: &CancellationToken,
+    ) -> Result<(), WalError> {
         let fence = self.take_over().await?;
         // A session fenced off only now may have recorded a piece since the
         // position was read: start again from where it got to.
@@ -276,7 +376,7 @@ impl WalRelay {
         tokio::spawn(reader.run(windows, stop));
         self.warn_if_at_risk().await;
         let mut checked = std::time::Instant::now();
-        let mut gate = gate::Gate::new(&self.config.slot, &application);
+        let mut gate = gate::Gate::new(&self.config.slot, application);
         loop {
             if checked.elapsed() >= RESERVE_CHECK {
                 self.warn_if_at_risk().await;
@@ -376,6 +476,10 @@ fn update_lag_metrics(window: &Window) {
 /// How often a relay holding the slot checks that PostgreSQL keeps the WAL
 /// the slot needs.
 const RESERVE_CHECK: Duration = Duration::from_secs(60);
+
+/// How often a session asks whether its walsender became a synchronous
+/// standby: how long commits may wait for it before it steps aside.
+const ROLE_CHECK: Duration = Duration::from_millis(500);
 
 impl WalRelay {
     /// Warns while the slot needs more WAL than `max_slot_wal_keep_size`
