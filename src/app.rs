@@ -105,8 +105,9 @@ const ADMIN_READ_POOL: u32 = 4;
 const ADMIN_READ_ACQUIRE: Duration = Duration::from_secs(3);
 
 /// Connections of the WAL relay's own pool: its session runs one statement
-/// at a time.
-const WAL_RELAY_POOL: u32 = 2;
+/// at a time, beside the check of whether it became a synchronous standby
+/// (which must find a connection while a commit of the session waits).
+const WAL_RELAY_POOL: u32 = 3;
 /// How long the WAL relay waits for a connection (see `connect_wal_relay`).
 const WAL_RELAY_ACQUIRE: Duration = Duration::from_secs(3);
 
@@ -470,7 +471,7 @@ pub async fn serve(
         // "seawall is running" whatever the service is called: scripts and
         // tests wait for these words.
         eprintln!(
-            "seawall is running {} (relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
+            "seawall is running (service: {}, relay: {}, consume: {}, admin API: {api}); Ctrl-C to stop",
             crate::SERVICE,
             roles.relay,
             roles.consume

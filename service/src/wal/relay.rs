@@ -195,20 +195,25 @@ pub async fn standbys(
     })
 }
 
-/// `synchronous_standby_names` now, on the server `db` writes to: a relay
-/// that stepped aside as a synchronous standby waits for it to change.
+/// `synchronous_standby_names` now, on the server `db` writes to, and
+/// whether a physical standby is a synchronous one (`sync_state = 'sync'`,
+/// no logical walsender): a relay that stepped aside as a synchronous
+/// standby waits for either to change.
 ///
 /// # Errors
 /// The database error.
-pub async fn synchronous_standby_names(db: &DatabaseConnection) -> Result<String, DbErr> {
+pub async fn synchronous_standbys(db: &DatabaseConnection) -> Result<(String, bool), DbErr> {
     let row = db
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
-            "SELECT current_setting('synchronous_standby_names') AS names",
+            "SELECT current_setting('synchronous_standby_names') AS names, \
+                    EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync' \
+                              AND pid NOT IN (SELECT active_pid FROM pg_replication_slots \
+                                               WHERE slot_type = 'logical' AND active_pid IS NOT NULL)) AS physical",
         ))
         .await?
         .ok_or_else(|| DbErr::RecordNotFound("synchronous_standby_names".into()))?;
-    row.try_get("", "names")
+    Ok((row.try_get("", "names")?, row.try_get("", "physical")?))
 }
 
 /// `synchronous_standby_names` when the walsender streaming `slot` (a

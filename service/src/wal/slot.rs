@@ -15,6 +15,12 @@ pub enum SlotError {
         "outbox_mode = \"wal\" needs PostgreSQL's wal_level = logical, but it is {0:?}: set wal_level = logical (and max_replication_slots, max_wal_senders of at least 1 each) in postgresql.conf and restart PostgreSQL, or use outbox_mode = \"table\""
     )]
     WalLevel(String),
+    /// The server is older than the relay's protocol: logical messages
+    /// reach a `pgoutput` slot only with its `messages` option (14).
+    #[error(
+        "outbox_mode = \"wal\" needs PostgreSQL 14 or newer (pgoutput's `messages` option carries the outbox's events), but the server is {0}: upgrade PostgreSQL, or use outbox_mode = \"table\""
+    )]
+    Version(String),
     /// A slot of that name exists for something else.
     #[error(
         "replication slot {slot:?} exists but {problem}; set wal_slot to another name, or drop it with `seawall relay --drop-slot` if it is an abandoned seawall slot"
@@ -127,6 +133,16 @@ async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
     )
 }
 
+/// Whether replication slot `slot` exists: a relay tells a slot dropped
+/// under it from a publication missing at decoding time, both of which
+/// PostgreSQL reports as `undefined_object`.
+///
+/// # Errors
+/// The database error.
+pub async fn exists(db: &DatabaseConnection, slot: &str) -> Result<bool, DbErr> {
+    Ok(slot_row(db, slot).await?.is_some())
+}
+
 async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>, DbErr> {
     SlotRow::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
@@ -154,6 +170,8 @@ async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>
 /// else, or the database error (for example missing `REPLICATION`
 /// privilege).
 pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLoss>, SlotError> {
+    let version = one_text(db, "SELECT current_setting('server_version_num') AS value").await?;
+    check_version(&version)?;
     let level = one_text(db, "SELECT current_setting('wal_level') AS value").await?;
     if level != "logical" {
         return Err(SlotError::WalLevel(level));
@@ -183,6 +201,21 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
     ))
     .await?;
     Ok(loss)
+}
+
+/// Refuses a server older than PostgreSQL 14 (`server_version_num`, e.g.
+/// `130012`), named in the error as the major and minor version.
+fn check_version(version_num: &str) -> Result<(), SlotError> {
+    let num: u32 = version_num.trim().parse().unwrap_or(0);
+    if num >= 140_000 {
+        return Ok(());
+    }
+    let named = if num >= 100_000 {
+        format!("PostgreSQL {}.{}", num / 10_000, num % 10_000)
+    } else {
+        format!("PostgreSQL with server_version_num {version_num:?}")
+    };
+    Err(SlotError::Version(named))
 }
 
 /// Drops the slot when PostgreSQL invalidated it (`wal_status = 'lost'`),
@@ -467,5 +500,16 @@ mod tests {
         assert!(!valid_slot_name("Seawall"));
         assert!(!valid_slot_name(&"a".repeat(64)));
         assert!(!valid_slot_name("x; DROP TABLE y"));
+    }
+
+    #[test]
+    fn servers_older_than_postgresql_14_are_refused_by_name() {
+        assert!(check_version("140000").is_ok());
+        assert!(check_version("170004").is_ok());
+        let refused = check_version("130012").unwrap_err().to_string();
+        assert!(refused.contains("PostgreSQL 13.12"), "{refused}");
+        assert!(refused.contains("PostgreSQL 14 or newer"), "{refused}");
+        assert!(check_version("90624").is_err());
+        assert!(check_version("").is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! The workspace's binaries, found next to the running test.
 //!
 //! Cargo builds a package's binaries before its integration tests and puts
-//! both in the same target directory (`target/debug/seawall`,
+//! both in the same target directory (`target/debug/<service>`,
 //! `target/debug/deps/<test>-<hash>`); the kit finds them there, as
 //! `env!("CARGO_BIN_EXE_...")` would in the test's own crate.
 

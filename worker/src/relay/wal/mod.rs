@@ -138,6 +138,7 @@ pub enum WalError {
     Replication(#[from] PgWireError),
 }
 
+mod aside;
 mod connection;
 mod gate;
 mod publish;
@@ -198,55 +199,13 @@ impl WalRelay {
         }
     }
 
-    /// Why the relay cannot relay now, asked at every `/readyz`: `Some`
-    /// while it stays off as a synchronous standby would be.
-    pub fn readiness(&self) -> Arc<dyn Fn() -> Option<String> + Send + Sync> {
-        let problem = Arc::clone(&self.problem);
-        Arc::new(move || problem.lock().ok().and_then(|p| p.clone()))
-    }
-
-    fn set_problem(&self, problem: Option<String>) {
-        if let Ok(mut slot) = self.problem.lock() {
-            *slot = problem;
-        }
-    }
-
-    /// Disconnected already (the session ended), stays off while
-    /// `synchronous_standby_names` is still `names`: PostgreSQL then picks a
-    /// physical standby and commits go on. Connecting again with the same
-    /// setting could make the relay the synchronous standby again (a
-    /// walsender in a lower slot wins a tie of priorities), so it waits for
-    /// the operator to name the physical standbys, or for `cancel`.
-    async fn step_aside(&self, slot: &str, names: &str, cancel: &CancellationToken) {
-        tracing::error!(
-            %slot,
-            synchronous_standby_names = %names,
-            "the WAL relay's walsender was chosen as a synchronous standby, and commits would wait for it: it disconnected and stays off until synchronous_standby_names changes; name the physical standbys there (e.g. FIRST 1 (standby1, standby2)) instead of a pattern the relay's application_name matches"
-        );
-        self.set_problem(Some(format!(
-            "the WAL relay is off: its walsender for slot {slot} was a synchronous standby under synchronous_standby_names = '{names}'"
-        )));
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => break,
-                () = tokio::time::sleep(self.config.standby_retry) => {}
-            }
-            match service::wal::relay::synchronous_standby_names(&self.db).await {
-                Ok(now) if now != names => break,
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::debug!(error = %err, "could not read synchronous_standby_names")
-                }
-            }
-        }
-        self.set_problem(None);
-    }
-
     /// Reads the slot while this relay holds it, and waits as a standby
     /// while another does, until `cancel` fires. Lost streams and database
     /// trouble are logged and retried with backoff; it never gives up.
     pub async fn run(&self, cancel: CancellationToken) {
         let mut failures = 0u32;
+        // Times in a row the session stepped aside as a synchronous standby.
+        let mut asides = 0u32;
         let mut standby_logged = false;
         // Present from the start: `increase()` sees the first recreation
         // only against an earlier 0.
@@ -261,7 +220,14 @@ impl WalRelay {
                 Ok(()) => break,
                 Err(WalError::SynchronousStandby { slot, names }) => {
                     metrics::gauge!("seawall_wal_relay_active").set(0.0);
-                    self.step_aside(&slot, &names, &cancel).await;
+                    if self.held.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        asides = 0;
+                    }
+                    let pause = service::Backoff::new(self.config.standby_retry, aside::ASIDE_MAX)
+                        .delay(asides);
+                    asides = asides.saturating_add(1);
+                    tracing::debug!(%slot, ?pause, "the WAL relay stays aside");
+                    self.step_aside(&names, pause, &cancel).await;
                     Duration::ZERO
                 }
                 Err(WalError::Standby(slot)) => {
@@ -281,7 +247,7 @@ impl WalRelay {
                     if let WalError::Replication(e) = &err
                         && server_sqlstate(e) == Some(UNDEFINED_OBJECT)
                     {
-                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed");
+                        self.explain_undefined_object(&err).await;
                     }
                     tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
                     // The slot may be what failed: dropped, or invalidated
@@ -319,41 +285,48 @@ impl WalRelay {
         let position = self.position().await?;
         let client = self.stream_from(config, position.lsn).await?;
         // Watched from the first statement on: the session's own records
-        // are commits too, and would wait for this very connection.
+        // are commits too, and would wait for this very connection. Chosen,
+        // the session lets the connection go at once (so PostgreSQL picks
+        // another standby and those commits return), and ends once the
+        // window in hand is published and recorded: nothing acknowledged
+        // is left unrecorded.
+        let aside = cancel.child_token();
+        let hold = self.hold(client, position, &application, cancel, &aside);
+        tokio::pin!(hold);
         tokio::select! {
-            held = self.hold(client, position, &application, cancel) => held,
-            chosen = self.until_synchronous() => Err(chosen),
-        }
-    }
-
-    /// Returns once the walsender streaming the slot is a synchronous
-    /// standby (asked every [`ROLE_CHECK`]; errors are left to the session,
-    /// which meets them too).
-    async fn until_synchronous(&self) -> WalError {
-        loop {
-            tokio::time::sleep(ROLE_CHECK).await;
-            if let Ok(Some(names)) =
-                service::wal::relay::synchronous_role(&self.db, &self.config.slot).await
-            {
-                return WalError::SynchronousStandby {
-                    slot: self.config.slot.clone(),
-                    names,
-                };
+            held = &mut hold => held,
+            names = self.until_synchronous() => {
+                aside.cancel();
+                let slot = self.config.slot.clone();
+                self.announce_aside(&slot, &names);
+                if let Err(err) = hold.await {
+                    tracing::debug!(error = %err, "the WAL session stepping aside ended with an error");
+                }
+                Err(WalError::SynchronousStandby { slot, names })
             }
         }
     }
 
     /// The session once streaming: records its take-over, then relays
     /// windows. A reader task assembles the next window while this one is
-    /// published; positions go back to it to be confirmed.
+    /// published; positions go back to it to be confirmed. `aside` (a child
+    /// of `cancel`) closes the replication connection and ends the session
+    /// between windows; `cancel` also hands what a window did not get to
+    /// to the table.
     async fn hold(
         &self,
         client: ReplicationClient,
         position: service::wal::relay::Position,
         application: &str,
         cancel: &CancellationToken,
+        aside: &CancellationToken,
     ) -> Result<(), WalError> {
-        let fence = self.take_over().await?;
+        // Its commit waits for the synchronous standby, which may be this
+        // very connection: dropped, nothing was published yet.
+        let fence = tokio::select! {
+            fence = self.take_over() => fence?,
+            () = aside.cancelled() => return Ok(()),
+        };
         // A session fenced off only now may have recorded a piece since the
         // position was read: start again from where it got to.
         if self.position().await? != position {
@@ -361,7 +334,7 @@ impl WalRelay {
         }
         tracing::info!(slot = %self.config.slot, "WAL relay holds the slot");
         metrics::gauge!("seawall_wal_relay_active").set(1.0);
-        let stop = cancel.child_token();
+        let stop = aside.child_token();
         // Whichever way the session ends, the reader stops and lets the slot go.
         let _stop_reader = stop.clone().drop_guard();
         let (windows, mut next) = mpsc::channel(1);
@@ -386,10 +359,10 @@ impl WalRelay {
             let window = tokio::select! {
                 // A stopping reader ends its stream too; stopping comes first.
                 biased;
-                () = cancel.cancelled() => break,
+                () = aside.cancelled() => break,
                 window = next.recv() => window.ok_or_else(ended)??,
             };
-            if !gate.wait(&self.db, &window, cancel).await? {
+            if !gate.wait(&self.db, &window, aside).await? {
                 break;
             }
             let waited = started.elapsed();
@@ -477,10 +450,6 @@ fn update_lag_metrics(window: &Window) {
 /// the slot needs.
 const RESERVE_CHECK: Duration = Duration::from_secs(60);
 
-/// How often a session asks whether its walsender became a synchronous
-/// standby: how long commits may wait for it before it steps aside.
-const ROLE_CHECK: Duration = Duration::from_millis(500);
-
 impl WalRelay {
     /// Warns while the slot needs more WAL than `max_slot_wal_keep_size`
     /// keeps (`wal_status = 'unreserved'`): the next checkpoint may remove
@@ -497,6 +466,26 @@ impl WalRelay {
             ),
             Ok(_) => {}
             Err(err) => tracing::debug!(error = %err, "could not check the WAL slot's reserve"),
+        }
+    }
+
+    /// SQLSTATE 42704 (`undefined_object`) names two different things: the
+    /// slot missing as the session starts (dropped by hand meanwhile: it is
+    /// made again below and its loss recorded), or, while decoding, a
+    /// publication missing when a change was committed, which no retry
+    /// gets past. Told apart by whether the slot exists now.
+    async fn explain_undefined_object(&self, err: &WalError) {
+        let slot = &self.config.slot;
+        match service::wal::slot::exists(&self.db, slot).await {
+            Ok(false) => {
+                tracing::warn!(%slot, error = %err, "the WAL slot does not exist (it was dropped while the relay reconnected); it is made again (a loss, if the relay had recorded a position in it, is logged and recorded with it)")
+            }
+            Ok(true) => {
+                tracing::error!(%slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed")
+            }
+            Err(db) => {
+                tracing::warn!(%slot, error = %err, check = %db, "the WAL slot or its publication is missing, and the database could not say which")
+            }
         }
     }
 }

@@ -90,7 +90,12 @@ pub async fn run(command: Commands, loaded: &Loaded<Settings>) -> Result<()> {
                 .await
                 .context("publishing")?
                 .await
-                .context("waiting for the PubAck (is the ORDERS stream there? start `seawall run` first)")?;
+                .with_context(|| {
+                    format!(
+                        "waiting for the PubAck (is the ORDERS stream there? start `{} run` first)",
+                        crate::SERVICE
+                    )
+                })?;
             println!("{}", if ack.duplicate { "duplicate" } else { "stored" });
             Ok(())
         }

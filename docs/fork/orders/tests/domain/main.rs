@@ -1,6 +1,6 @@
-//! End to end through the `seawall` binary, which the test kit's
-//! `spawn_app` starts on a database and a nats-server of the test's own:
-//! `seawall place-order` publishes an order; it becomes an order row and an
+//! End to end through the service's binary (named after its package),
+//! which the test kit's `spawn_app` starts on a database and a nats-server
+//! of the test's own: `place-order` publishes an order; it becomes an order row and an
 //! `orders.accepted` event, which the `shipping` consumer POSTs to the
 //! shipping service once. The same message delivered again (after the
 //! broker's duplicate window) is acknowledged as a duplicate and changes
