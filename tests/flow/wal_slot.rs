@@ -140,45 +140,6 @@ async fn an_invalidated_slot_is_made_again_and_its_loss_recorded() {
     relay.assert_no_panic();
 }
 
-/// A slot dropped by hand under a running relay: its session ends, and the
-/// slot can be missing again when the next one starts streaming, which
-/// PostgreSQL reports as `undefined_object`, the code a publication
-/// missing at decoding time has too. The relay says the slot was dropped
-/// (not that it can never be read, nor to drop it), makes it again, and
-/// relays what is written after.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_slot_dropped_under_the_relay_is_not_taken_for_a_missing_publication() {
-    let t = TestDb::new(Backend::Postgres).await;
-    let (nats, js) = crate::helpers::ledger_nats().await;
-    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
-    relays_after_its_slot(&t, &js, "before").await;
-    // Dropped whenever it is there (its holder ended first), until a
-    // session of the relay has started on it missing.
-    let slot = slot_of(&t);
-    let drop = format!(
-        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-           WHERE slot_name = '{slot}' AND active; \
-         SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-           WHERE slot_name = '{slot}' AND NOT active"
-    );
-    wait_until(
-        "a session meets the slot missing",
-        Duration::from_secs(60),
-        || async {
-            // The slot may turn active between the two: tried again.
-            let _ = t.db.execute_unprepared(&drop).await;
-            relay.log_text().contains("the WAL slot does not exist")
-        },
-    )
-    .await;
-    relays_after_its_slot(&t, &js, "after").await;
-    let log = relay.log_text();
-    assert!(!log.contains("--drop-slot` and start again"), "{log}");
-    assert!(relay.terminate().await.success(), "{log}");
-    relay.assert_no_panic();
-    drop_slot(&t);
-}
-
 /// Once a relay holds a slot, ten events committed with ids `prefix-N`
 /// reach the stream and the relay records its position.
 async fn relays_after_its_slot(t: &TestDb, js: &jetstream::Context, prefix: &str) {

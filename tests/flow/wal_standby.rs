@@ -6,6 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use async_nats::jetstream;
 use sea_orm::ConnectionTrait;
 
 use crate::helpers::ledger_stream;
@@ -84,16 +85,7 @@ async fn held_until_the_standby_has_it(names: &str, extra: &[(&str, &str)], mess
     )
     .await;
 
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    worker::relay::wal::prepare(&t.db, &slot_of(&t))
-        .await
-        .unwrap();
-    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), extra));
-    until_held(&relay, &t, Duration::from_secs(60)).await;
+    let (_nats, js, mut relay) = holding_relay(&t, extra).await;
     commit_events(&t.db, vec![recorded("before-stop", Some("k"))]).await;
     // Published and recorded: the record, a commit too, must not be what
     // waits for the stopped standby below.
@@ -183,16 +175,7 @@ async fn a_relay_that_cannot_reach_its_database_does_not_hold_its_shutdown() {
     ] {
         t.db.execute_unprepared(sql).await.unwrap();
     }
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    worker::relay::wal::prepare(&t.db, &slot_of(&t))
-        .await
-        .unwrap();
-    let mut relay = Seawall::spawn(&["relay"], &wal_env(&t, &nats.url(), &[]));
-    until_held(&relay, &t, Duration::from_secs(60)).await;
+    let (_nats, js, mut relay) = holding_relay(&t, &[]).await;
     // The server runs with synchronous_commit = off: the commit returns.
     commit_events(&t.db, vec![recorded("held", Some("k"))]).await;
     until(
@@ -230,20 +213,8 @@ async fn a_relay_that_cannot_reach_its_database_does_not_hold_its_shutdown() {
 async fn a_relay_chosen_as_the_synchronous_standby_steps_aside() {
     let primary = PrivatePostgres::start(&["wal_level=logical", "synchronous_commit=on"]);
     let t = TestDb::on_postgres(&primary.url).await;
-    let nats = NatsServer::start().await;
-    let js = nats.jetstream().await;
-    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(5)))
-        .await
-        .unwrap();
-    worker::relay::wal::prepare(&t.db, &slot_of(&t))
-        .await
-        .unwrap();
     let probes = format!("127.0.0.1:{}", free_port());
-    let mut relay = Seawall::spawn(
-        &["relay"],
-        &wal_env(&t, &nats.url(), &[("SEAWALL_METRICS_ADDR", &probes)]),
-    );
-    until_held(&relay, &t, Duration::from_secs(60)).await;
+    let (_nats, js, mut relay) = holding_relay(&t, &[("SEAWALL_METRICS_ADDR", &probes)]).await;
     // Alone, the relay's walsender is now the synchronous standby: it
     // steps aside.
     set_standby_names(&t, "*").await;
@@ -302,4 +273,23 @@ async fn set_standby_names(t: &TestDb, names: &str) {
     ] {
         t.db.execute_unprepared(&sql).await.unwrap();
     }
+}
+
+/// A nats-server with the ledger's stream, the slot prepared, and a relay
+/// (`extra` settings) that holds it.
+async fn holding_relay(
+    t: &TestDb,
+    extra: &[(&str, &str)],
+) -> (NatsServer, jetstream::Context, Seawall) {
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    worker::ensure_stream(&js, &ledger_stream(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    worker::relay::wal::prepare(&t.db, &slot_of(t))
+        .await
+        .unwrap();
+    let relay = Seawall::spawn(&["relay"], &wal_env(t, &nats.url(), extra));
+    until_held(&relay, t, Duration::from_secs(60)).await;
+    (nats, js, relay)
 }

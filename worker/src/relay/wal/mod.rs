@@ -247,7 +247,7 @@ impl WalRelay {
                     if let WalError::Replication(e) = &err
                         && server_sqlstate(e) == Some(UNDEFINED_OBJECT)
                     {
-                        self.explain_undefined_object(&err).await;
+                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed");
                     }
                     tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
                     // The slot may be what failed: dropped, or invalidated
@@ -466,26 +466,6 @@ impl WalRelay {
             ),
             Ok(_) => {}
             Err(err) => tracing::debug!(error = %err, "could not check the WAL slot's reserve"),
-        }
-    }
-
-    /// SQLSTATE 42704 (`undefined_object`) names two different things: the
-    /// slot missing as the session starts (dropped by hand meanwhile: it is
-    /// made again below and its loss recorded), or, while decoding, a
-    /// publication missing when a change was committed, which no retry
-    /// gets past. Told apart by whether the slot exists now.
-    async fn explain_undefined_object(&self, err: &WalError) {
-        let slot = &self.config.slot;
-        match service::wal::slot::exists(&self.db, slot).await {
-            Ok(false) => {
-                tracing::warn!(%slot, error = %err, "the WAL slot does not exist (it was dropped while the relay reconnected); it is made again (a loss, if the relay had recorded a position in it, is logged and recorded with it)")
-            }
-            Ok(true) => {
-                tracing::error!(%slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed")
-            }
-            Err(db) => {
-                tracing::warn!(%slot, error = %err, check = %db, "the WAL slot or its publication is missing, and the database could not say which")
-            }
         }
     }
 }
