@@ -201,6 +201,7 @@ async fn wal_relay(
             slot: slot.to_owned(),
             window: 5_000,
             standby_retry: Duration::from_millis(100),
+            holder_timeout: Duration::from_secs(30),
             retry_base: Duration::from_millis(100),
             retry_max: Duration::from_secs(5),
             server_errors: None,

@@ -48,6 +48,7 @@ pub mod inbox;
 pub mod journey;
 pub mod millis;
 pub mod outbox;
+pub mod pg_url;
 pub mod registry;
 pub mod relay;
 pub mod replica;

@@ -52,6 +52,7 @@ impl Settings {
                 ));
             }
         }
+        self.check_postgres_options(scheme)?;
         if !self.nats_url.contains("://") && !self.nats_url.contains(':') {
             return Err(invalid(
                 "nats_url",
@@ -59,6 +60,23 @@ impl Settings {
             ));
         }
         Ok(scheme)
+    }
+
+    /// A PostgreSQL URL's options are each honoured by the pool and the WAL
+    /// relay, or start-up stops naming the one that would be ignored.
+    fn check_postgres_options(&self, scheme: &str) -> Result<(), ConfigError> {
+        if !matches!(scheme, "postgres" | "postgresql") {
+            return Ok(());
+        }
+        let urls = std::iter::once(("database_url", &self.database_url)).chain(
+            self.admin_database_url
+                .iter()
+                .map(|u| ("admin_database_url", u)),
+        );
+        for (key, url) in urls {
+            service::pg_url::check(url).map_err(|why| invalid(key, why))?;
+        }
+        Ok(())
     }
 
     /// Counts, sizes and intervals are in range: a zero would stall or spin

@@ -429,6 +429,7 @@ impl Settings {
             slot: self.wal_slot(),
             window: usize::try_from(self.wal_window).unwrap_or(usize::MAX),
             standby_retry: Duration::from_secs(1),
+            holder_timeout: relay.lease,
             retry_base: relay.retry_base,
             retry_max: relay.retry_max,
             server_errors: None,

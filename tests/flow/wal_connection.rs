@@ -51,12 +51,50 @@ async fn the_relay_connects_to_a_server_that_takes_only_tls_with_a_password_file
         format!("127.0.0.1:{port}:*:postgres:tls-only-secret\n"),
     )
     .unwrap();
+    let passfile_env = ("PGPASSFILE", passfile.path().display().to_string());
+    relays_events(&t, &t.url, &[passfile_env], "tls").await;
+}
+
+/// A role whose password PostgreSQL keeps as MD5, behind an `md5` line in
+/// `pg_hba.conf`: the pool reaches it (sqlx speaks MD5), and so must the
+/// relay. Without `pgwire-replication`'s `md5` feature its connection is
+/// refused and no relay holds the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_connects_with_an_md5_password() {
+    let pg = PrivatePostgres::start(&["wal_level=logical"]);
+    let t = TestDb::on_postgres(&pg.url).await;
+    // The relay's own role, so the test's pool (trusted) keeps working.
+    t.db.execute_unprepared(
+        "SET password_encryption = 'md5'; \
+         CREATE ROLE relay_md5 LOGIN SUPERUSER REPLICATION PASSWORD 'md5-secret'",
+    )
+    .await
+    .unwrap();
+    pg.set_hba(
+        "local all all trust\n\
+         host all relay_md5 127.0.0.1/32 md5\n\
+         host replication relay_md5 127.0.0.1/32 md5\n\
+         host all all 127.0.0.1/32 trust\n\
+         host replication all 127.0.0.1/32 trust\n",
+    );
+    let url = t.url.replacen("postgres@", "relay_md5:md5-secret@", 1);
+    relays_events(&t, &url, &[], "md5").await;
+}
+
+/// A relay started with `url` (the test database's, with `env` added)
+/// holds the slot and publishes ten events committed with ids `prefix-N`.
+async fn relays_events(t: &TestDb, url: &str, env: &[(&'static str, String)], prefix: &str) {
     let (nats, js) = crate::helpers::ledger_nats().await;
-    let mut env = wal_env(&t, &nats.url(), &[]);
-    env.push(("PGPASSFILE", passfile.path().display().to_string()));
-    let mut relay = Seawall::spawn(&["relay"], &env);
+    let mut cfg = wal_env(t, &nats.url(), &[]);
+    for (key, value) in &mut cfg {
+        if *key == "SEAWALL_DATABASE_URL" {
+            *value = url.to_owned();
+        }
+    }
+    cfg.extend_from_slice(env);
+    let mut relay = Seawall::spawn(&["relay"], &cfg);
     let held = tokio::time::timeout(Duration::from_secs(60), async {
-        while slot_holder(&t).await.is_none() {
+        while slot_holder(t).await.is_none() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
@@ -69,7 +107,7 @@ async fn the_relay_connects_to_a_server_that_takes_only_tls_with_a_password_file
     commit_events(
         &t.db,
         (0..10)
-            .map(|i| recorded(&format!("tls-{i}"), None))
+            .map(|i| recorded(&format!("{prefix}-{i}"), None))
             .collect(),
     )
     .await;

@@ -92,3 +92,40 @@ async fn a_relay_woken_after_a_standby_took_over_publishes_no_further_round() {
         relay.assert_no_panic();
     }
 }
+
+/// On a server left at PostgreSQL's default `wal_sender_timeout` (60 s),
+/// a frozen holder keeps the slot only as long as the relay's lease (2.5 s
+/// here): the relay sets the timeout on its own connection, so a standby
+/// takes over well within the duplicate window. Without it the standby
+/// waits the server's full minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_holder_loses_the_slot_within_the_relay_lease() {
+    let t = TestDb::new(crate::support::Backend::Postgres).await;
+    let nats = NatsServer::start().await;
+    worker::relay::wal::prepare(&t.db, &slot_of(&t))
+        .await
+        .unwrap();
+    let env = wal_env(&t, &nats.url(), &[]);
+    let mut holder = Seawall::spawn(&["relay"], &env);
+    until_held(&holder, &t, Duration::from_secs(60)).await;
+    let first = slot_holder(&t).await;
+    let mut standby = Seawall::spawn(&["relay"], &env);
+    holder.freeze();
+    // Half the server's default: a standby that waited it out fails here.
+    until(
+        &standby,
+        "the standby takes the slot",
+        Duration::from_secs(30),
+        || async {
+            let held = slot_holder(&t).await;
+            held.is_some() && held != first
+        },
+    )
+    .await;
+    holder.thaw();
+    for relay in [&mut holder, &mut standby] {
+        assert!(relay.terminate().await.success(), "{}", relay.log_text());
+        relay.assert_no_panic();
+    }
+    crate::wal::drop_slot(&t);
+}

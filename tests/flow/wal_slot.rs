@@ -13,6 +13,7 @@ use crate::helpers::stored_on;
 use crate::support::domain::RECORDED_SUBJECT;
 use crate::support::postgres::{BIN, PrivatePostgres};
 use crate::support::process::Seawall;
+use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::{Backend, TestDb, pg_count, wait_until};
 use crate::wal::{commit_events, drop_slot, recorded, slot_holder, slot_of, until_held, wal_env};
 
@@ -138,6 +139,47 @@ async fn an_invalidated_slot_is_made_again_and_its_loss_recorded() {
     let log = relay.log_text();
     assert!(relay.terminate().await.success(), "{log}");
     relay.assert_no_panic();
+}
+
+/// A slot dropped by hand while a relay starts streaming from it:
+/// `START_REPLICATION` fails with `undefined_object`, the code a
+/// publication missing at decoding time has too. The relay says the slot
+/// is gone (not that it can never be read, nor to drop it), makes it
+/// again, and relays what is written after. The proxy holds the relay's
+/// `START_REPLICATION` back while the test drops the slot, so the order is
+/// certain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_dropped_under_the_relay_is_not_taken_for_a_missing_publication() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let (nats, js) = crate::helpers::ledger_nats().await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let mut cfg = wal_env(&t, &nats.url(), &[]);
+    for (key, value) in &mut cfg {
+        if *key == "SEAWALL_DATABASE_URL" {
+            *value = proxy.url_for(value, upstream);
+        }
+    }
+    proxy.hold_next(b"START_REPLICATION");
+    let mut relay = Seawall::spawn(&["relay"], &cfg);
+    proxy.until_held().await;
+    let slot = slot_of(&t);
+    t.db.execute_unprepared(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+        .await
+        .unwrap();
+    proxy.release();
+    wait_until(
+        "the relay meets its slot missing",
+        Duration::from_secs(60),
+        || async { relay.log_text().contains("the WAL slot does not exist") },
+    )
+    .await;
+    relays_after_its_slot(&t, &js, "after").await;
+    let log = relay.log_text();
+    assert!(!log.contains("--drop-slot` and start again"), "{log}");
+    assert!(relay.terminate().await.success(), "{log}");
+    relay.assert_no_panic();
+    drop_slot(&t);
 }
 
 /// Once a relay holds a slot, ten events committed with ids `prefix-N`

@@ -71,6 +71,24 @@ fn an_unsupported_database_url_stops_startup_naming_the_key() {
     fails_naming(&out, "database_url");
 }
 
+/// A connection option neither the pool nor the WAL relay would honour
+/// (here a silent downgrade from channel binding) stops start-up naming
+/// the key and the option, before any connection is tried.
+#[test]
+fn a_postgresql_option_no_connection_honours_stops_startup_naming_it() {
+    for (url, named) in [
+        (
+            "postgres://127.0.0.1:1/x?channel_binding=require",
+            "channel_binding",
+        ),
+        ("postgres://a:1,b:1/x", "several hosts"),
+    ] {
+        let out = seawall(&["migrate"], &[("SEAWALL_DATABASE_URL", url)]);
+        fails_naming(&out, "database_url");
+        fails_naming(&out, named);
+    }
+}
+
 #[test]
 fn a_missing_config_file_and_an_unknown_key_are_reported() {
     let out = seawall(&["--config", "/nonexistent/seawall.toml", "migrate"], &[]);

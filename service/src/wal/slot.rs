@@ -133,6 +133,16 @@ async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
     )
 }
 
+/// Whether replication slot `slot` exists: a relay tells a slot dropped
+/// under it from a publication missing at decoding time, both of which
+/// PostgreSQL reports as `undefined_object`.
+///
+/// # Errors
+/// The database error.
+pub async fn exists(db: &DatabaseConnection, slot: &str) -> Result<bool, DbErr> {
+    Ok(slot_row(db, slot).await?.is_some())
+}
+
 async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>, DbErr> {
     SlotRow::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,

@@ -24,6 +24,10 @@ struct State {
     refuse_next_commit: AtomicBool,
     /// How many `COMMIT`s were cut.
     commits_dropped: AtomicUsize,
+    /// Bytes whose next sending is held back until [`Proxy::release`].
+    hold: std::sync::Mutex<Option<&'static [u8]>>,
+    /// Whether a held statement waits; `false` again lets it through.
+    held: watch::Sender<bool>,
 }
 
 /// Forwards `127.0.0.1:<port>` to `upstream`; stops on drop.
@@ -42,6 +46,8 @@ impl Proxy {
             drop_next_commit: AtomicBool::new(false),
             refuse_next_commit: AtomicBool::new(false),
             commits_dropped: AtomicUsize::new(0),
+            hold: std::sync::Mutex::new(None),
+            held: watch::channel(false).0,
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -81,6 +87,24 @@ impl Proxy {
     /// never hears.
     pub fn refuse_next_commit(&self) {
         self.state.refuse_next_commit.store(true, Ordering::SeqCst);
+    }
+
+    /// Holds back the next client message holding `statement` (for
+    /// example `START_REPLICATION`) until [`Proxy::release`]: the test
+    /// changes the server between a client's steps, with no race to win.
+    pub fn hold_next(&self, statement: &'static [u8]) {
+        *self.state.hold.lock().unwrap() = Some(statement);
+    }
+
+    /// Waits until a statement armed by [`Proxy::hold_next`] is held.
+    pub async fn until_held(&self) {
+        let mut held = self.state.held.subscribe();
+        let _ = held.wait_for(|held| *held).await;
+    }
+
+    /// Lets the held statement through.
+    pub fn release(&self) {
+        self.state.held.send_replace(false);
     }
 
     /// How many `COMMIT`s were cut, before or after the server had them.
@@ -125,6 +149,7 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
                 return;
             }
+            hold_if_armed(&state, &buf[..n]).await;
             if is_commit(&buf[..n]) && state.drop_next_commit.swap(false, Ordering::SeqCst) {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
                 cut.store(true, Ordering::SeqCst);
@@ -153,6 +178,23 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
         () = to_server => {}
         () = to_client => {}
         _ = up.wait_for(|up| !*up) => {}
+    }
+}
+
+/// Waits for [`Proxy::release`] when `bytes` hold the statement armed by
+/// [`Proxy::hold_next`] (once: the arming is taken).
+async fn hold_if_armed(state: &State, bytes: &[u8]) {
+    let armed = {
+        let mut hold = state.hold.lock().unwrap();
+        match *hold {
+            Some(statement) if contains(bytes, statement) => hold.take().is_some(),
+            _ => false,
+        }
+    };
+    if armed {
+        let mut held = state.held.subscribe();
+        state.held.send_replace(true);
+        let _ = held.wait_for(|held| !*held).await;
     }
 }
 

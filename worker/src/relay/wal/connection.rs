@@ -23,8 +23,34 @@ const BUFFERED_MESSAGES: usize = 256;
 
 /// The replication connection's settings, from `database_url` and the
 /// process's environment.
-pub(super) fn replication_config(url: &str, slot: &str) -> Result<ReplicationConfig, WalError> {
-    connection(url, slot, &|name| std::env::var(name).ok())
+pub(super) fn replication_config(
+    url: &str,
+    slot: &str,
+    holder_timeout: Duration,
+) -> Result<ReplicationConfig, WalError> {
+    let config = connection(url, slot, &|name| std::env::var(name).ok())?;
+    with_sender_timeout(config, holder_timeout)
+}
+
+/// `config` with the session's `wal_sender_timeout` set to `timeout`
+/// (PostgreSQL lets each replication connection set its own): how long
+/// the server keeps the slot for this session once it falls silent. A
+/// value in the connection's own `options` is refused rather than
+/// overridden in silence.
+fn with_sender_timeout(
+    config: ReplicationConfig,
+    timeout: Duration,
+) -> Result<ReplicationConfig, WalError> {
+    let given = config.options.clone().unwrap_or_default();
+    if given.contains("wal_sender_timeout") {
+        return Err(WalError::Url(
+            "options (or PGOPTIONS) sets wal_sender_timeout, which the WAL relay sets itself from relay_lease_ms (so a standby takes over a silent holder within the duplicate window): remove it there and set relay_lease_ms".into(),
+        ));
+    }
+    // At least 1 ms: 0 would mean never.
+    let millis = timeout.as_millis().clamp(1, u128::from(u32::MAX));
+    let options = format!("{given} -c wal_sender_timeout={millis}");
+    Ok(config.with_options(options.trim_start()))
 }
 
 /// A variable of the environment, by name.
@@ -285,6 +311,27 @@ mod tests {
         assert_eq!(c.tls.mode, SslMode::Require);
         assert!(with_env("postgres://h/d?sslmode=sometimes", &[]).is_err());
         assert!(with_env("postgres://h/d?port=x", &[]).is_err());
+    }
+
+    #[test]
+    fn the_session_sets_its_own_wal_sender_timeout() {
+        let timeout = Duration::from_millis(2500);
+        let plain = with_sender_timeout(with_env("postgres://h/d", &[]).unwrap(), timeout).unwrap();
+        assert_eq!(plain.options.as_deref(), Some("-c wal_sender_timeout=2500"));
+        let given = with_env("postgres://h/d?options=-c%20search_path%3Dapp", &[]).unwrap();
+        let both = with_sender_timeout(given, timeout).unwrap();
+        assert_eq!(
+            both.options.as_deref(),
+            Some("-c search_path=app -c wal_sender_timeout=2500")
+        );
+        let zero = with_sender_timeout(with_env("postgres://h/d", &[]).unwrap(), Duration::ZERO);
+        assert!(zero.unwrap().options.unwrap().ends_with("=1"));
+        let theirs = with_env(
+            "postgres://h/d",
+            &[("PGOPTIONS", "-c wal_sender_timeout=0")],
+        );
+        let refused = with_sender_timeout(theirs.unwrap(), timeout).unwrap_err();
+        assert!(refused.to_string().contains("relay_lease_ms"), "{refused}");
     }
 
     #[test]

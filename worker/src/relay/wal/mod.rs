@@ -78,6 +78,13 @@ pub struct WalRelayConfig {
     pub window: usize,
     /// How often a standby tries to take the slot over.
     pub standby_retry: Duration,
+    /// How long PostgreSQL waits on a silent holder (frozen, or cut off)
+    /// before it ends that session and a standby can take the slot: the
+    /// relay sets its own `wal_sender_timeout` to it, so the takeover fits
+    /// the duplicate window as the table relay's lease does (start-up
+    /// checks the window against `relay_lease_ms`), whatever the server's
+    /// default (60 s, or 0: never).
+    pub holder_timeout: Duration,
     /// First backoff (after a failed window or lost stream); doubles.
     pub retry_base: Duration,
     /// Longest backoff.
@@ -247,7 +254,7 @@ impl WalRelay {
                     if let WalError::Replication(e) = &err
                         && server_sqlstate(e) == Some(UNDEFINED_OBJECT)
                     {
-                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed");
+                        self.explain_undefined_object(&err).await;
                     }
                     tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
                     // The slot may be what failed: dropped, or invalidated
@@ -389,7 +396,11 @@ impl WalRelay {
     /// name it goes by on the server: the gate finds the slot's holder by
     /// that name, so no other session may share it.
     fn session_config(&self) -> Result<(ReplicationConfig, String), WalError> {
-        let mut config = replication_config(&self.config.database_url, &self.config.slot)?;
+        let mut config = replication_config(
+            &self.config.database_url,
+            &self.config.slot,
+            self.config.holder_timeout,
+        )?;
         // Named for this session alone: the gate finds the slot's holder by it.
         let application = format!(
             "seawall-relay {} {:x}",
@@ -466,6 +477,29 @@ impl WalRelay {
             ),
             Ok(_) => {}
             Err(err) => tracing::debug!(error = %err, "could not check the WAL slot's reserve"),
+        }
+    }
+
+    /// SQLSTATE 42704 (`undefined_object`) names two different things: the
+    /// slot missing as the session starts streaming (dropped by hand
+    /// meanwhile: it is made again below, and its loss recorded if it had a
+    /// position), or, while decoding, a publication missing when a change
+    /// was committed, which no retry gets past and whose remedy
+    /// (`--drop-slot`) erases the position. Told apart by whether the slot
+    /// exists now: the advice to drop it must never follow a slot that is
+    /// simply gone.
+    async fn explain_undefined_object(&self, err: &WalError) {
+        let slot = &self.config.slot;
+        match service::wal::slot::exists(&self.db, slot).await {
+            Ok(false) => {
+                tracing::warn!(%slot, error = %err, "the WAL slot does not exist (it was dropped while the relay reconnected); it is made again (a loss, if the relay had recorded a position in it, is logged and recorded with it)")
+            }
+            Ok(true) => {
+                tracing::error!(%slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed")
+            }
+            Err(db) => {
+                tracing::warn!(%slot, error = %err, check = %db, "the WAL slot or its publication is missing, and the database could not say which")
+            }
         }
     }
 }
