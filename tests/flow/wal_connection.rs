@@ -6,15 +6,19 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream;
+
 use sea_orm::ConnectionTrait;
 
 use crate::helpers::stored_on;
 use crate::support::domain::RECORDED_SUBJECT;
+use crate::support::nats::NatsServer;
 use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
+use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::tls::TestCerts;
-use crate::support::{TestDb, wait_until};
-use crate::wal::{commit_events, recorded, slot_holder, wal_env};
+use crate::support::{TestDb, pg_count};
+use crate::wal::{commit_events, recorded, wal_env};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_relay_connects_to_a_server_that_takes_only_tls_with_a_password_file() {
@@ -84,6 +88,19 @@ async fn the_relay_connects_with_an_md5_password() {
 /// A relay started with `url` (the test database's, with `env` added)
 /// holds the slot and publishes ten events committed with ids `prefix-N`.
 async fn relays_events(t: &TestDb, url: &str, env: &[(&'static str, String)], prefix: &str) {
+    let (mut relay, _nats, js) = holding_relay(t, url, env).await;
+    relays_ten(t, &relay, &js, prefix, 10).await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+}
+
+/// A relay started with `url` (and `env`), once it holds the test's slot,
+/// the NATS server it publishes to (stopped on drop), and its stream.
+async fn holding_relay(
+    t: &TestDb,
+    url: &str,
+    env: &[(&'static str, String)],
+) -> (Seawall, NatsServer, jetstream::Context) {
     let (nats, js) = crate::helpers::ledger_nats().await;
     let mut cfg = wal_env(t, &nats.url(), &[]);
     for (key, value) in &mut cfg {
@@ -92,18 +109,20 @@ async fn relays_events(t: &TestDb, url: &str, env: &[(&'static str, String)], pr
         }
     }
     cfg.extend_from_slice(env);
-    let mut relay = Seawall::spawn(&["relay"], &cfg);
-    let held = tokio::time::timeout(Duration::from_secs(60), async {
-        while slot_holder(t).await.is_none() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(
-        held.is_ok(),
-        "no relay holds the slot:\n{}",
-        relay.log_text()
-    );
+    let relay = Seawall::spawn(&["relay"], &cfg);
+    crate::wal::until_held(&relay, t, Duration::from_secs(60)).await;
+    (relay, nats, js)
+}
+
+/// Commits ten events with ids `prefix-N` and waits until the stream holds
+/// `total` recorded events.
+async fn relays_ten(
+    t: &TestDb,
+    relay: &Seawall,
+    js: &jetstream::Context,
+    prefix: &str,
+    total: usize,
+) {
     commit_events(
         &t.db,
         (0..10)
@@ -111,10 +130,81 @@ async fn relays_events(t: &TestDb, url: &str, env: &[(&'static str, String)], pr
             .collect(),
     )
     .await;
-    wait_until("the events relayed", Duration::from_secs(60), || async {
-        stored_on(&js, RECORDED_SUBJECT).await.len() == 10
-    })
+    crate::wal_windows::until(
+        relay,
+        "the events relayed",
+        Duration::from_secs(60),
+        || async { stored_on(js, RECORDED_SUBJECT).await.len() == total },
+    )
     .await;
+}
+
+/// A replication connection that goes silent without hanging up (a
+/// primary whose host vanished, a network that drops everything): the
+/// relay's own heartbeat gives the stream something to say, so a stream
+/// silent for twice the relay's lease (5 s here) ends the session instead
+/// of waiting on TCP for minutes; the relay reconnects once the server
+/// answers again and relays what was written meanwhile. The proxy plays
+/// the silence on the replication connection alone (the pool's
+/// connections, which carry the heartbeat, go on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_whose_server_goes_silent_ends_its_session_and_comes_back() {
+    let t = TestDb::new(crate::support::Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let url = proxy.url_for(&t.url, upstream);
+    let (mut relay, _nats, js) = holding_relay(&t, &url, &[]).await;
+    relays_ten(&t, &relay, &js, "before", 10).await;
+    proxy.freeze_replication();
+    crate::wal_windows::until(
+        &relay,
+        "the relay finds the stream silent",
+        Duration::from_secs(60),
+        || async { relay.log_text().contains("was silent") },
+    )
+    .await;
+    proxy.thaw();
+    relays_ten(&t, &relay, &js, "after", 20).await;
     assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    crate::wal::drop_slot(&t);
+}
+
+/// On an idle server (a cluster of the test's own: the shared one's other
+/// databases keep every walsender busy) PostgreSQL sends nothing while the
+/// relay keeps confirming; the relay's heartbeat is what the stream
+/// carries, and the session confirms past it again and again instead of
+/// taking the quiet for a lost server. Without the heartbeat, the slot's
+/// position never moves and the session ends every silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_database_keeps_the_relay_streaming_on_its_heartbeat() {
+    let pg = PrivatePostgres::start(&["wal_level=logical"]);
+    let t = TestDb::on_postgres(&pg.url).await;
+    let (mut relay, _nats, _js) = holding_relay(&t, &t.url, &[]).await;
+    let position = "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+                    FROM pg_replication_slots";
+    let seen = std::sync::Mutex::new(Vec::new());
+    let moves = || {
+        let (db, seen) = (&t.db, &seen);
+        async move {
+            let now = pg_count(db, position).await;
+            let mut seen = seen.lock().unwrap();
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+            seen.len() > 3
+        }
+    };
+    let within = Duration::from_secs(60);
+    crate::wal_windows::until(
+        &relay,
+        "the slot to move past three heartbeats",
+        within,
+        moves,
+    )
+    .await;
+    let log = relay.log_text();
+    assert!(!log.contains("was silent"), "{log}");
+    assert!(relay.terminate().await.success(), "{log}");
     relay.assert_no_panic();
 }

@@ -28,6 +28,10 @@ struct State {
     hold: std::sync::Mutex<Option<&'static [u8]>>,
     /// Whether a held statement waits; `false` again lets it through.
     held: watch::Sender<bool>,
+    /// `true` while nothing is forwarded either way on replication
+    /// connections, which stay open: a peer gone silent, not one that hung
+    /// up.
+    frozen: watch::Sender<bool>,
 }
 
 /// Forwards `127.0.0.1:<port>` to `upstream`; stops on drop.
@@ -48,6 +52,7 @@ impl Proxy {
             commits_dropped: AtomicUsize::new(0),
             hold: std::sync::Mutex::new(None),
             held: watch::channel(false).0,
+            frozen: watch::channel(false).0,
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -107,6 +112,18 @@ impl Proxy {
         self.state.held.send_replace(false);
     }
 
+    /// Forwards nothing on replication connections (those whose startup
+    /// asks for `replication`), either way, until [`Proxy::thaw`], and keeps
+    /// them open: to the client, the server has gone silent. Other
+    /// connections go on.
+    pub fn freeze_replication(&self) {
+        self.state.frozen.send_replace(true);
+    }
+
+    pub fn thaw(&self) {
+        self.state.frozen.send_replace(false);
+    }
+
     /// How many `COMMIT`s were cut, before or after the server had them.
     pub fn commits_dropped(&self) -> usize {
         self.state.commits_dropped.load(Ordering::SeqCst)
@@ -138,13 +155,25 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     // swallowed and the connection closed, so the server has committed and
     // the client never hears.
     let cut = AtomicBool::new(false);
+    // Set once the client's startup asks for a replication connection.
+    let replication = AtomicBool::new(false);
+    let thawed = || async {
+        let mut frozen = state.frozen.subscribe();
+        let _ = frozen
+            .wait_for(|frozen| !*frozen || !replication.load(Ordering::SeqCst))
+            .await;
+    };
     let to_server = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
+            thawed().await;
             let n = match client_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            if contains(&buf[..n], b"replication\0database\0") {
+                replication.store(true, Ordering::SeqCst);
+            }
             if is_commit(&buf[..n]) && state.refuse_next_commit.swap(false, Ordering::SeqCst) {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
                 return;
@@ -162,6 +191,7 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     let to_client = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
+            thawed().await;
             let n = match server_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,

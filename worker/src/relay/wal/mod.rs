@@ -143,11 +143,19 @@ pub enum WalError {
     /// The replication stream failed.
     #[error("WAL relay replication stream: {0}")]
     Replication(#[from] PgWireError),
+    /// Nothing came from the server for this long, heartbeats included
+    /// (or the connection did not open in it): the peer is taken for gone
+    /// rather than waited on until TCP gives up, minutes later.
+    #[error(
+        "the WAL relay's replication connection was silent for {0:?} (the relay's heartbeat reaches it well within that): taken for lost"
+    )]
+    Silent(Duration),
 }
 
 mod aside;
 mod connection;
 mod gate;
+mod heartbeat;
 mod publish;
 mod reader;
 mod record;
@@ -302,6 +310,7 @@ impl WalRelay {
         tokio::pin!(hold);
         tokio::select! {
             held = &mut hold => held,
+            never = self.heartbeats() => match never {},
             names = self.until_synchronous() => {
                 aside.cancel();
                 let slot = self.config.slot.clone();
@@ -349,6 +358,7 @@ impl WalRelay {
         let reader = Reader {
             client,
             confirms,
+            silence: self.silence(),
             size: self.config.window,
             resume: position.partial,
             open: None,
@@ -423,15 +433,21 @@ impl WalRelay {
         if let Some(lsn) = start {
             config = config.with_start_lsn(pgwire_replication::Lsn(lsn));
         }
-        let mut client = ReplicationClient::connect_gated(config).await?;
-        client.start().await?;
-        if let Err(err) = client.wait_started().await {
-            if server_sqlstate(&err) == Some(OBJECT_IN_USE) {
-                return Err(WalError::Standby(self.config.slot.clone()));
+        // A server that vanished answers nothing, not even a refusal: the
+        // opening is bounded like the stream's silences.
+        let opening = async {
+            let mut client = ReplicationClient::connect_gated(config).await?;
+            client.start().await?;
+            client.wait_started().await.map(|()| client)
+        };
+        match tokio::time::timeout(self.silence(), opening).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(err)) if server_sqlstate(&err) == Some(OBJECT_IN_USE) => {
+                Err(WalError::Standby(self.config.slot.clone()))
             }
-            return Err(err.into());
+            Ok(Err(err)) => Err(err.into()),
+            Err(_) => Err(WalError::Silent(self.silence())),
         }
-        Ok(client)
     }
 }
 

@@ -88,6 +88,9 @@ pub(super) fn ended() -> WalError {
 pub(super) struct Reader {
     pub(super) client: ReplicationClient,
     pub(super) confirms: mpsc::UnboundedReceiver<Lsn>,
+    /// How long the stream may stay silent while the reader waits on it
+    /// before the session ends ([`WalError::Silent`]).
+    pub(super) silence: Duration,
     pub(super) size: usize,
     /// A transaction published in part before this session.
     pub(super) resume: Option<Partial>,
@@ -118,22 +121,24 @@ impl Reader {
 
     /// The next event, confirming positions while it waits (both receives
     /// are cancel-safe). `linger` bounds the wait: `None` once it passes.
+    /// Without one, the wait is bounded by the session's silence: the
+    /// relay's heartbeat gives the stream something to say well within it,
+    /// so a stream silent that long has lost its server.
     async fn next(
         &mut self,
         linger: Option<Duration>,
     ) -> Result<Option<ReplicationEvent>, WalError> {
-        let deadline = linger.map(|l| tokio::time::Instant::now() + l);
+        let deadline = tokio::time::Instant::now() + linger.unwrap_or(self.silence);
         loop {
-            let timeout = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 event = self.client.recv() => return Ok(Some(event?.ok_or_else(ended)?)),
                 Some(lsn) = self.confirms.recv() => self.client.update_applied_lsn(lsn),
-                () = timeout => return Ok(None),
+                () = tokio::time::sleep_until(deadline) => {
+                    return match linger {
+                        Some(_) => Ok(None),
+                        None => Err(WalError::Silent(self.silence)),
+                    };
+                }
             }
         }
     }
