@@ -343,6 +343,12 @@ async fn prepare_outbox_mode(
     // every process that may write events makes sure it does first.
     // A process restarted while the database restarts meets the outage
     // here as at every other start-up step: it waits, not exits.
+    if wal {
+        wait_out_database("looking up the WAL slot's name", || {
+            settings.settle_wal_slot(db)
+        })
+        .await?;
+    }
     if wal && roles.workers() {
         let slot = settings.wal_slot();
         wait_out_database("preparing the WAL slot", || {

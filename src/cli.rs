@@ -254,6 +254,7 @@ async fn one_shot<S: Service>(
         }
         Command::Relay { .. } => {
             let db = connect_db(&settings.database_url, 1).await?;
+            settings.settle_wal_slot(&db).await?;
             let slot = settings.wal_slot();
             let dropped = worker::relay::wal::drop_slot(&db, &slot).await?;
             println!(
@@ -298,7 +299,11 @@ async fn prune(settings: &Settings, dry_run: bool) -> Result<()> {
 /// `seawall stats`: counts, lag and throughput as JSON.
 async fn stats(settings: &Settings) -> Result<()> {
     let db = connect_db(&settings.database_url, 1).await?;
-    let wal_slot = (settings.outbox_mode == service::OutboxMode::Wal).then(|| settings.wal_slot());
+    let wal = settings.outbox_mode == service::OutboxMode::Wal;
+    if wal {
+        settings.settle_wal_slot(&db).await?;
+    }
+    let wal_slot = wal.then(|| settings.wal_slot());
     let stats = service::stats::stats(&db, chrono::Utc::now(), wal_slot.as_deref())
         .await
         .context("reading stats")?;

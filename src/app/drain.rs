@@ -33,9 +33,10 @@ pub async fn drain_wal_slot(
         settings.outbox_mode == service::OutboxMode::Wal,
         "--drain relays the WAL slot before dropping it: run it with outbox_mode = \"wal\""
     );
-    let slot = settings.wal_slot();
     let pool = settings.pool_size(&Roles::RELAY, super::consumers::consumer_count(&domain))?;
     let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
+    settings.settle_wal_slot(&db).await?;
+    let slot = settings.wal_slot();
     // Everything committed before now; nothing should come after. The
     // insert position: with synchronous_commit = off a commit may not be
     // written yet, and the write position would leave it out.

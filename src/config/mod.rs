@@ -120,6 +120,9 @@ pub struct Settings {
     /// The WAL relay's replication slot (and publication); derived from the
     /// database name when unset.
     pub wal_slot: Option<String>,
+    /// The slot [`Settings::settle_wal_slot`] found, not a setting.
+    #[serde(skip)]
+    pub settled_wal_slot: std::sync::OnceLock<String>,
     /// Events per WAL relay window (and per piece of a larger transaction).
     pub wal_window: u64,
     /// Crash tests only: a fault point to abort at (see `worker::FaultPoint`).
@@ -187,6 +190,7 @@ impl Default for Settings {
             outbox_mode: service::OutboxMode::Table,
             migrations: Migrations::Apply,
             wal_slot: None,
+            settled_wal_slot: std::sync::OnceLock::new(),
             // A window's last PubAck is waited for once per window: small
             // windows leave the relay idle between them (0.44x the plain
             // publisher at 500 events, 0.58x at 5,000).
@@ -565,10 +569,34 @@ impl Settings {
         self.fault.as_deref().and_then(worker::FaultPoint::parse)
     }
 
-    /// The WAL relay's slot: `wal_slot`, or one named after the database.
+    /// The WAL relay's slot: `wal_slot`, else the slot an earlier release
+    /// named that still relays the database ([`Settings::settle_wal_slot`]),
+    /// else one named after the database.
     pub fn wal_slot(&self) -> String {
         self.wal_slot
             .clone()
+            .or_else(|| self.settled_wal_slot.get().cloned())
             .unwrap_or_else(|| worker::relay::wal::default_slot_name(&self.database_url))
+    }
+
+    /// Looks up, once, whether the database is still relayed from a slot an
+    /// earlier release named differently (from the URL's path alone), and
+    /// keeps that name for [`Settings::wal_slot`]: a default that changed
+    /// must not leave a deployment's slot, and its position, behind.
+    ///
+    /// # Errors
+    /// The database error.
+    pub async fn settle_wal_slot(
+        &self,
+        db: &sea_orm::DatabaseConnection,
+    ) -> Result<(), sea_orm::DbErr> {
+        if self.wal_slot.is_some() || self.settled_wal_slot.get().is_some() {
+            return Ok(());
+        }
+        if let Some(slot) = worker::relay::wal::settled_slot(db, &self.database_url).await? {
+            tracing::info!(%slot, "wal_slot is unset: keeping the slot an earlier release named, which still relays this database");
+            let _ = self.settled_wal_slot.set(slot);
+        }
+        Ok(())
     }
 }

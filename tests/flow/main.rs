@@ -29,6 +29,7 @@ mod wal;
 mod wal_connection;
 mod wal_fence;
 mod wal_mode;
+mod wal_names;
 mod wal_slot;
 mod wal_standby;
 mod wal_windows;

@@ -67,14 +67,22 @@ pub fn valid_slot_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
-/// The default slot name for a database URL: `seawall_` and the database
-/// name (lower-cased, other characters as `_`), so services sharing a
-/// PostgreSQL cluster get a slot each.
-pub fn default_slot_name(database_url: &str) -> String {
+/// The slot name seawall releases before this one derived from a database
+/// URL: from its path alone, so `seawall_` for a URL that names its
+/// database in `dbname` or `PGDATABASE`. A slot made under it keeps its
+/// name (`worker::relay::wal::settle_slot`).
+pub fn legacy_slot_name(database_url: &str) -> String {
     let database = url::Url::parse(database_url)
         .ok()
         .map(|u| u.path().trim_start_matches('/').to_owned())
         .unwrap_or_default();
+    slot_name_for(&database)
+}
+
+/// The default slot name for database `database`: `seawall_` and its name
+/// (lower-cased, other characters as `_`), so services sharing a
+/// PostgreSQL cluster get a slot each.
+pub fn slot_name_for(database: &str) -> String {
     let mut slot: String = format!("seawall_{database}")
         .chars()
         .map(|c| {
@@ -479,9 +487,31 @@ pub async fn drop_slot(db: &DatabaseConnection, slot: &str) -> Result<bool, Slot
         }
         None => false,
     };
+    drop_own_publication(db, slot).await?;
+    Ok(dropped)
+}
+
+/// Drops the slot's publication when it is seawall's: empty, as
+/// [`prepare`] makes it. One that publishes tables (`FOR ALL TABLES`, or
+/// tables added to it) is someone else's use of the name, and is left
+/// with a warning: dropping it would break their subscribers.
+async fn drop_own_publication(db: &DatabaseConnection, slot: &str) -> Result<(), DbErr> {
+    let foreign = one_text(
+        db,
+        &format!(
+            "SELECT count(*)::text AS value FROM pg_publication p WHERE p.pubname = '{slot}' \
+               AND (p.puballtables OR EXISTS \
+                 (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname))"
+        ),
+    )
+    .await?;
+    if foreign != "0" {
+        tracing::warn!(publication = %slot, "the publication of the slot's name publishes tables, so it is not seawall's (seawall's is empty): left in place");
+        return Ok(());
+    }
     db.execute_unprepared(&format!("DROP PUBLICATION IF EXISTS {slot}"))
         .await?;
-    Ok(dropped)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -490,12 +520,14 @@ mod tests {
 
     #[test]
     fn slot_names_follow_the_database() {
+        assert_eq!(slot_name_for("Orders-Prod"), "seawall_orders_prod");
         assert_eq!(
-            default_slot_name("postgres://u:p@h:5432/Orders-Prod?sslmode=require"),
+            legacy_slot_name("postgres://u:p@h:5432/Orders-Prod?sslmode=require"),
             "seawall_orders_prod"
         );
-        assert!(valid_slot_name(&default_slot_name(
-            "postgres://h/t_0123456789abcdef0123456789abcdef"
+        assert_eq!(legacy_slot_name("postgres://h/?dbname=orders"), "seawall_");
+        assert!(valid_slot_name(&slot_name_for(
+            "t_0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
         )));
         assert!(!valid_slot_name("Seawall"));
         assert!(!valid_slot_name(&"a".repeat(64)));

@@ -53,6 +53,17 @@ fn with_sender_timeout(
     Ok(config.with_options(options.trim_start()))
 }
 
+/// The default slot name for `database_url`: after the database the
+/// replication connection opens (`dbname`, the URL's path, `PGDATABASE`,
+/// else the user's name, as libpq picks it), so services sharing a cluster
+/// get a slot each whichever way their URL names the database.
+pub fn default_slot_name(database_url: &str) -> String {
+    match connection(database_url, "", &|name| std::env::var(name).ok()) {
+        Ok(config) => service::wal::slot::slot_name_for(&config.database),
+        Err(_) => service::wal::slot::legacy_slot_name(database_url),
+    }
+}
+
 /// A variable of the environment, by name.
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -332,6 +343,23 @@ mod tests {
         );
         let refused = with_sender_timeout(theirs.unwrap(), timeout).unwrap_err();
         assert!(refused.to_string().contains("relay_lease_ms"), "{refused}");
+    }
+
+    #[test]
+    fn the_default_slot_follows_the_database_the_connection_opens() {
+        let named = |url: &str, vars: &[(&str, &str)]| {
+            service::wal::slot::slot_name_for(&with_env(url, vars).unwrap().database)
+        };
+        assert_eq!(named("postgres://h/Orders", &[]), "seawall_orders");
+        assert_eq!(
+            named("postgres://h/?dbname=billing", &[]),
+            "seawall_billing"
+        );
+        assert_eq!(
+            named("postgres://h", &[("PGDATABASE", "crm")]),
+            "seawall_crm"
+        );
+        assert_eq!(named("postgres://app@h", &[]), "seawall_app");
     }
 
     #[test]

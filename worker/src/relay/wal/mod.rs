@@ -160,7 +160,8 @@ mod publish;
 mod reader;
 mod record;
 
-pub use service::wal::slot::{SlotError, SlotLoss, default_slot_name, drop_slot, valid_slot_name};
+pub use connection::default_slot_name;
+pub use service::wal::slot::{SlotError, SlotLoss, drop_slot, valid_slot_name};
 
 /// Makes sure the slot can be read ([`service::wal::slot::prepare`]: made
 /// when missing, made again when PostgreSQL invalidated it) and reports a
@@ -181,6 +182,25 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotErro
         metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
     }
     Ok(())
+}
+
+/// The slot a process without `wal_slot` uses on `db`: the one a release
+/// before this one named from `database_url`'s path alone, while it still
+/// relays this database (an existing slot keeps its name, and its
+/// position); else `None`, and [`default_slot_name`] applies.
+///
+/// # Errors
+/// The database error.
+pub async fn settled_slot(
+    db: &DatabaseConnection,
+    database_url: &str,
+) -> Result<Option<String>, sea_orm::DbErr> {
+    let legacy = service::wal::slot::legacy_slot_name(database_url);
+    if legacy == default_slot_name(database_url) {
+        return Ok(None);
+    }
+    let relayed = service::wal::slot::wal_slots(db).await?;
+    Ok(relayed.contains(&legacy).then_some(legacy))
 }
 
 use connection::replication_config;
