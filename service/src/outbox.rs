@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    DatabaseTransaction, DbErr, EntityTrait,
+    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, EntityTrait,
 };
 
 use entity::outbox_message;
@@ -209,6 +209,14 @@ pub enum OutboxError {
     /// `ix_outbox_message_message_id`).
     #[error(transparent)]
     Database(#[from] DbErr),
+    /// This process writes events to the table, but the database switched
+    /// to WAL mode (a rolling deploy to `outbox_mode = "wal"` under way):
+    /// a row written now could be published ahead of its key's events
+    /// still in the slot. Nothing was recorded.
+    #[error(
+        "outbox_mode = \"table\", but the database is in WAL mode now (slot {0:?}): this process's events would be published ahead of their keys' events in the slot; restart it with outbox_mode = \"wal\""
+    )]
+    InWalMode(String),
 }
 
 /// Lets handlers use `?` on [`crate::Ctx::emit`]. An invalid event is a
@@ -218,6 +226,12 @@ impl From<OutboxError> for crate::HandlerError {
         match err {
             OutboxError::Invalid(invalid) => Self::Rejected(invalid.to_string()),
             OutboxError::Database(db) => Self::Database(db),
+            // Not the message's fault: held and tried again (by a WAL-mode
+            // process, once this one is replaced), never dead-lettered.
+            err @ OutboxError::InWalMode(_) => Self::Unavailable {
+                reason: err.to_string(),
+                retry_after: None,
+            },
         }
     }
 }
@@ -309,6 +323,11 @@ impl Outbox {
             .into_iter()
             .map(row_of)
             .collect::<Result<Vec<_>, _>>()?;
+        if txn.get_database_backend() == DbBackend::Postgres
+            && let Some(slot) = wal::slot::table_mode_guard(txn).await?
+        {
+            return Err(OutboxError::InWalMode(slot));
+        }
         for chunk in rows.chunks(ROWS_PER_INSERT) {
             outbox_message::Entity::insert_many(chunk.to_vec())
                 .exec_without_returning(txn)
@@ -411,6 +430,18 @@ pub fn row_of(event: WalEvent) -> Result<outbox_message::ActiveModel, DbErr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table-mode writer on a database switched to WAL mode is not the
+    /// message's fault: its delivery is held and tried again, never
+    /// dead-lettered as a rejection would be.
+    #[test]
+    fn a_table_writer_on_a_wal_mode_database_is_unavailable() {
+        let err = crate::HandlerError::from(OutboxError::InWalMode("s".into()));
+        assert!(
+            matches!(&err, crate::HandlerError::Unavailable { reason, .. } if reason.contains("outbox_mode")),
+            "{err:?}"
+        );
+    }
 
     #[test]
     fn an_event_no_outbox_row_could_hold_is_refused_at_enqueue() {

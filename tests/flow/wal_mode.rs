@@ -7,10 +7,13 @@
 
 use std::time::Duration;
 
+use sea_orm::{ConnectionTrait, TransactionTrait};
+use service::{Outbox, OutboxError, OutboxMode};
+
 use crate::helpers::{env, stored_on, with_ledger_stream};
 use crate::support::domain::RECORDED_SUBJECT;
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb};
+use crate::support::{Backend, TestDb, pg_count, wait_until};
 use crate::wal::{commit_events, recorded, relay_drops_slot, slot_of, wal_env};
 
 /// Starts `seawall args` and asserts it exits unsuccessfully within 60 s,
@@ -85,4 +88,51 @@ async fn no_slot(t: &TestDb, slot: &str) -> bool {
     )
     .await
         == 0
+}
+
+/// A rolling deploy to WAL mode: a table-mode writer still running checks
+/// the mode inside its transaction, so the switch (the first WAL-mode
+/// process's `prepare`) waits for a table-mode transaction that checked
+/// before it, and a later one is refused (its row could otherwise go out
+/// ahead of its key's events still in the slot). Without the lock the
+/// switch does not wait; without the check the later row is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_switch_to_wal_mode_waits_for_table_writers_and_refuses_later_ones() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let slot = slot_of(&t);
+    // The slot made first, the database left in table mode: making a slot
+    // waits for running transactions itself, which is not what is tested.
+    worker::relay::wal::prepare(&t.db, &slot).await.unwrap();
+    t.db.execute_unprepared("DELETE FROM wal_relay_position")
+        .await
+        .unwrap();
+    let table = Outbox::new(OutboxMode::Table);
+    let writer = t.db.begin().await.unwrap();
+    table
+        .enqueue(&writer, recorded("before", Some("k")))
+        .await
+        .unwrap();
+    let switching = {
+        let (db, slot) = (t.db.clone(), slot.clone());
+        tokio::spawn(async move { worker::relay::wal::prepare(&db, &slot).await })
+    };
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    wait_until(
+        "the switch waits for the writer",
+        Duration::from_secs(60),
+        || async { pg_count(&t.db, waiting).await == 1 },
+    )
+    .await;
+    assert!(!switching.is_finished());
+    writer.commit().await.unwrap();
+    switching.await.unwrap().unwrap();
+    let later = t.db.begin().await.unwrap();
+    let refused = table.enqueue(&later, recorded("after", Some("k"))).await;
+    assert!(
+        matches!(refused, Err(OutboxError::InWalMode(ref s)) if *s == slot),
+        "{refused:?}"
+    );
+    later.rollback().await.unwrap();
+    crate::wal::drop_slot(&t);
 }

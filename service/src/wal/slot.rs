@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement,
+    TransactionTrait,
+};
 
 /// Why the slot cannot be used, created or dropped.
 #[derive(Debug, thiserror::Error)]
@@ -200,15 +203,26 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
     wait_consistent(db, slot).await?;
     let loss = restarted(db, slot).await?;
     check_slot(db, slot, &database).await?;
-    // The database is in WAL mode from here: its row says which slot
-    // relays it (a session's position and generation go in it later).
-    db.execute_raw(Statement::from_sql_and_values(
+    switch_to_wal_mode(db, slot).await?;
+    Ok(loss)
+}
+
+/// Puts the database in WAL mode: its row in `wal_relay_position` says
+/// which slot relays it (a session's position and generation go in it
+/// later). Written under [`MODE_LOCK`] taken exclusively, so it waits for
+/// every table-mode transaction that checked the mode before
+/// ([`table_mode_guard`]), and those after it see WAL mode.
+async fn switch_to_wal_mode(db: &DatabaseConnection, slot: &str) -> Result<(), DbErr> {
+    let txn = db.begin().await?;
+    txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MODE_LOCK})"))
+        .await?;
+    txn.execute_raw(Statement::from_sql_and_values(
         DbBackend::Postgres,
         "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, 0) ON CONFLICT (slot) DO NOTHING",
         [slot.into()],
     ))
     .await?;
-    Ok(loss)
+    txn.commit().await
 }
 
 /// Refuses a server older than PostgreSQL 14 (`server_version_num`, e.g.
@@ -338,6 +352,39 @@ pub async fn wal_slots<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr>
         ))
         .await?;
     rows.iter().map(|row| row.try_get("", "value")).collect()
+}
+
+/// The advisory lock that orders the switch to WAL mode after every
+/// table-mode transaction that checked the mode: table-mode writers hold it
+/// shared until they commit, and the switch takes it exclusively
+/// (advisory locks are the database's own, so this key is too).
+const MODE_LOCK: i64 = 0x5EA_3A11_0DE;
+
+/// Checks, inside a table-mode writer's transaction `txn`, that the
+/// database is not in WAL mode, and holds [`MODE_LOCK`] shared until `txn`
+/// ends: a switch to WAL mode (the first WAL-mode process's [`prepare`])
+/// waits for `txn` to commit, so no row written after the switch can be
+/// published ahead of a WAL event its key committed before it. Returns the
+/// slot relaying the database if it is in WAL mode.
+///
+/// # Errors
+/// The database error.
+pub async fn table_mode_guard<C: ConnectionTrait>(txn: &C) -> Result<Option<String>, DbErr> {
+    let row = txn
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!(
+                "SELECT pg_advisory_xact_lock_shared({MODE_LOCK})::text AS locked, \
+                   (SELECT p.slot FROM wal_relay_position p \
+                      JOIN pg_replication_slots s ON s.slot_name = p.slot \
+                     WHERE s.database = current_database() ORDER BY p.slot LIMIT 1) AS slot"
+            ),
+        ))
+        .await?;
+    match row {
+        Some(row) => row.try_get("", "slot"),
+        None => Ok(None),
+    }
 }
 
 /// Refuses a process that would write events to the table on a database in
