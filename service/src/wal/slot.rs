@@ -358,7 +358,7 @@ pub async fn wal_slots<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr>
 /// table-mode transaction that checked the mode: table-mode writers hold it
 /// shared until they commit, and the switch takes it exclusively
 /// (advisory locks are the database's own, so this key is too).
-const MODE_LOCK: i64 = 0x5EA_3A11_0DE;
+const MODE_LOCK: i64 = 0x005E_A3A1_10DE;
 
 /// Checks, inside a table-mode writer's transaction `txn`, that the
 /// database is not in WAL mode, and holds [`MODE_LOCK`] shared until `txn`
