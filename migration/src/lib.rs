@@ -40,6 +40,7 @@ mod m20261202_000014_create_wal_slot_loss;
 mod m20261203_000015_add_wal_relay_progress;
 mod m20261204_000016_binary_text_on_mysql;
 mod m20261207_000017_one_open_dead_letter;
+mod m20261207_000018_add_wal_relay_recorded_generation;
 #[cfg(test)]
 mod shipped;
 mod status;
@@ -72,6 +73,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_000015_add_wal_relay_progress::Migration),
             Box::new(m20261204_000016_binary_text_on_mysql::Migration),
             Box::new(m20261207_000017_one_open_dead_letter::Migration),
+            Box::new(m20261207_000018_add_wal_relay_recorded_generation::Migration),
         ];
         // The domain's tables come after the platform's: sea-orm records
         // each migration by name, so the order only matters on a fresh

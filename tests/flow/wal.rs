@@ -330,6 +330,28 @@ pub(crate) async fn slot_holder(t: &TestDb) -> Option<i32> {
     .and_then(|r| r.pid)
 }
 
+/// The server's WAL position now: a relay that recorded a position at or
+/// past it has recorded every window committed before.
+pub(crate) async fn wal_position(t: &TestDb) -> i64 {
+    crate::support::pg_count(
+        &t.db,
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+    )
+    .await
+}
+
+/// Whether the relays of the test's slot recorded a position at or past
+/// `position` (every position is recorded, the slot's start included, so
+/// `lsn > 0` says nothing).
+pub(crate) async fn recorded_past(t: &TestDb, position: i64) -> bool {
+    crate::support::pg_count(
+        &t.db,
+        &format!("SELECT count(*) FROM wal_relay_position WHERE lsn >= {position}"),
+    )
+    .await
+        == 1
+}
+
 /// Waits up to `within` for a relay to hold the test's slot; on a timeout
 /// the failure shows `relay`'s log.
 pub(crate) async fn until_held(relay: &Seawall, t: &TestDb, within: Duration) {

@@ -87,6 +87,7 @@ async fn held_until_the_standby_has_it(names: &str, extra: &[(&str, &str)], mess
 
     let (_nats, js, mut relay) = holding_relay(&t, extra).await;
     commit_events(&t.db, vec![recorded("before-stop", Some("k"))]).await;
+    let committed = crate::wal::wal_position(&t).await;
     // Published and recorded: the record, a commit too, must not be what
     // waits for the stopped standby below.
     until(
@@ -94,13 +95,7 @@ async fn held_until_the_standby_has_it(names: &str, extra: &[(&str, &str)], mess
         "an event committed with the standby streaming is published",
         Duration::from_secs(60),
         || async {
-            stream_messages(&js).await == 1
-                && pg_count(
-                    &t.db,
-                    "SELECT count(*) FROM wal_relay_position WHERE lsn > 0",
-                )
-                .await
-                    == 1
+            stream_messages(&js).await == 1 && crate::wal::recorded_past(&t, committed).await
         },
     )
     .await;

@@ -320,7 +320,8 @@ pub async fn record_window(
     undecodable: &[(Vec<u8>, String)],
     reached: Reached,
 ) -> Result<bool, DbErr> {
-    if published == 0 && rows.is_empty() && undecodable.is_empty() {
+    let moved = reached.end.is_some() || reached.partial.is_some();
+    if published == 0 && rows.is_empty() && undecodable.is_empty() && !moved {
         return Ok(true);
     }
     let Holder { slot, generation } = holder;
@@ -340,14 +341,24 @@ pub async fn record_window(
         txn.rollback().await?;
         return Ok(false);
     }
-    rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
-    if reached.end.is_some() || reached.partial.is_some() {
+    if published > 0 {
+        rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
+    }
+    if moved {
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             // The row is there: the session made it when it took the slot.
+            // Once the recorded position has caught up with the slot's,
+            // every position the slot holds was recorded first: from then
+            // on a slot ahead of it was remade (`slot::prepare`).
             "UPDATE wal_relay_position SET lsn = GREATEST(lsn, COALESCE($2, 0)), \
-                 txn_lsn = $3, txn_messages = $4 WHERE slot = $1",
+                 txn_lsn = $3, txn_messages = $4, \
+                 recorded_generation = CASE WHEN GREATEST(lsn, COALESCE($2, 0)) >= COALESCE( \
+                     (SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+                        FROM pg_replication_slots WHERE slot_name = $1), 0) \
+                   THEN generation ELSE recorded_generation END \
+             WHERE slot = $1",
             [
                 slot.into(),
                 reached.end.into(),

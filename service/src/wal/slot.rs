@@ -201,7 +201,7 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
         create_slot(db, slot).await?;
     }
     wait_consistent(db, slot).await?;
-    let loss = restarted(db, slot).await?;
+    let loss = restarted(db, slot).await?.max(remade(db, slot).await?);
     check_slot(db, slot, &database).await?;
     switch_to_wal_mode(db, slot).await?;
     Ok(loss)
@@ -216,9 +216,15 @@ async fn switch_to_wal_mode(db: &DatabaseConnection, slot: &str) -> Result<(), D
     let txn = db.begin().await?;
     txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MODE_LOCK})"))
         .await?;
+    // Its position is where the slot starts, checkable from the start
+    // (`recorded_generation` is the row's first generation, 0): a slot
+    // remade before any relay recorded a window is a loss too.
     txn.execute_raw(Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "INSERT INTO wal_relay_position (slot, lsn) VALUES ($1, 0) ON CONFLICT (slot) DO NOTHING",
+        "INSERT INTO wal_relay_position (slot, lsn, recorded_generation) VALUES ($1, \
+           COALESCE((SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+                       FROM pg_replication_slots WHERE slot_name = $1), 0), 0) \
+         ON CONFLICT (slot) DO NOTHING",
         [slot.into()],
     ))
     .await?;
@@ -455,6 +461,44 @@ async fn restarted(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLos
         latest = latest.max(Some(loss));
     }
     Ok(latest)
+}
+
+/// Finds a slot that was remade while it existed whenever seawall looked:
+/// confirmed past the position its relays recorded, though they record
+/// each position before they confirm it. The server would skip the events
+/// between, unrecorded: they are a loss, written to `wal_slot_loss`
+/// (which the alert reads) and returned, and the position moves to the
+/// slot's so the loss is recorded once.
+///
+/// Only while `recorded_generation` is the row's `generation`: a session
+/// of a release that confirms positions it does not record (keepalives)
+/// bumped the generation, and its slot is legitimately ahead. A relay
+/// recording at this moment is safe: it commits its position before it
+/// confirms it, and the row lock makes this statement read that position.
+async fn remade(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLoss>, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "WITH s AS (SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint AS confirmed \
+                          FROM pg_replication_slots WHERE slot_name = $1), \
+                  old AS (SELECT p.slot, p.lsn, s.confirmed FROM wal_relay_position p, s \
+                           WHERE p.slot = $1 AND p.recorded_generation = p.generation \
+                             AND p.lsn > 0 AND s.confirmed > p.lsn FOR UPDATE OF p), \
+                  moved AS (UPDATE wal_relay_position p SET lsn = old.confirmed, \
+                              txn_lsn = NULL, txn_messages = 0 FROM old WHERE p.slot = old.slot) \
+             INSERT INTO wal_slot_loss (slot, relayed_to, recreated_at, restarted_at) \
+             SELECT slot, lsn, now(), confirmed FROM old RETURNING relayed_to, restarted_at",
+            [slot.into()],
+        ))
+        .await?;
+    let lsn = |v: i64| Lsn(u64::try_from(v).unwrap_or(0));
+    row.map(|row| {
+        Ok(SlotLoss {
+            relayed_to: lsn(row.try_get("", "relayed_to")?),
+            restarted_at: lsn(row.try_get("", "restarted_at")?),
+        })
+    })
+    .transpose()
 }
 
 /// How long start-up waits for another process's slot creation to finish.

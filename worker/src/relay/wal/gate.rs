@@ -54,6 +54,32 @@ impl Gate {
         }
     }
 
+    /// Whether every synchronous standby has flushed up to `window`'s end
+    /// already (or none is required), asking at most once: a keepalive's
+    /// position is recorded only then, since its record is a commit that
+    /// would wait for a stalled standby.
+    ///
+    /// # Errors
+    /// As [`Gate::wait`].
+    pub(super) async fn caught_up(
+        &mut self,
+        db: &DatabaseConnection,
+        window: &Window,
+    ) -> Result<bool, WalError> {
+        let target = window.end.map_or(0, |end| end.0);
+        if target <= self.synced {
+            return Ok(true);
+        }
+        let now = standbys(db, &self.slot, &self.application).await?;
+        if !now.held {
+            return Err(WalError::Elsewhere(self.slot.clone()));
+        }
+        if let Some(flushed) = now.flushed {
+            self.synced = self.synced.max(flushed);
+        }
+        Ok(!now.required || target <= self.synced)
+    }
+
     /// Waits until every synchronous standby has flushed `window`'s
     /// transactions, or, when `synchronous_standby_names` is empty, not at
     /// all. `false` when `cancel` fired first: the window was not published

@@ -387,6 +387,7 @@ impl WalRelay {
         self.warn_if_at_risk().await;
         let mut checked = std::time::Instant::now();
         let mut gate = gate::Gate::new(&self.config.slot, application);
+        let mut keepalive = reader::Keepalives::default();
         loop {
             if checked.elapsed() >= RESERVE_CHECK {
                 self.warn_if_at_risk().await;
@@ -399,6 +400,14 @@ impl WalRelay {
                 () = aside.cancelled() => break,
                 window = next.recv() => window.ok_or_else(ended)??,
             };
+            // Recorded before confirmed, as every position: at a pace, and
+            // never while the record would wait for a stalled synchronous
+            // standby (the windows with events behind it would wait too).
+            if window.only_moves()
+                && !(keepalive.due() && gate.caught_up(&self.db, &window).await?)
+            {
+                continue;
+            }
             if !gate.wait(&self.db, &window, aside).await? {
                 break;
             }

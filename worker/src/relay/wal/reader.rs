@@ -37,6 +37,42 @@ pub(super) struct Window {
     pub(super) partial: Option<Partial>,
 }
 
+/// How often a window that only moves the position on (a keepalive, the
+/// relay's heartbeat, other databases' WAL) is recorded, and so confirmed:
+/// each is a commit, and the slot may lag the server by this much.
+const KEEPALIVE_RECORD: Duration = Duration::from_secs(1);
+
+/// The pace of keepalive-only windows: every position the slot is
+/// confirmed at is recorded first (so a slot confirmed past the record was
+/// remade, see `service::wal::slot::prepare`), and these come far more
+/// often than a record is worth.
+#[derive(Debug, Default)]
+pub(super) struct Keepalives {
+    last: Option<tokio::time::Instant>,
+}
+
+impl Keepalives {
+    /// Whether a keepalive-only window is to be recorded (and confirmed)
+    /// now: once a [`KEEPALIVE_RECORD`]. One passed over is neither
+    /// recorded nor confirmed; a later one is.
+    pub(super) fn due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if self.last.is_some_and(|last| now - last < KEEPALIVE_RECORD) {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
+impl Window {
+    /// Whether the window only moves the position on: no events, nothing
+    /// undecodable, no piece of a transaction.
+    pub(super) fn only_moves(&self) -> bool {
+        self.events.is_empty() && self.undecodable.is_empty() && self.partial.is_none()
+    }
+}
+
 /// The transaction being read, not yet committed.
 #[derive(Debug)]
 pub(super) struct Open {
