@@ -202,6 +202,7 @@ async fn wal_relay(
             window: 5_000,
             standby_retry: Duration::from_millis(100),
             holder_timeout: Duration::from_secs(30),
+            handoff_after: Duration::from_secs(300),
             retry_base: Duration::from_millis(100),
             retry_max: Duration::from_secs(5),
             server_errors: None,

@@ -110,6 +110,7 @@ impl Settings {
             ("claim_lease_ms", self.claim_lease_ms),
             ("claim_max_attempts", self.claim_max_attempts),
             ("wal_window", self.wal_window),
+            ("wal_handoff_ms", self.wal_handoff_ms),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be at least 1"));

@@ -125,6 +125,9 @@ pub struct Settings {
     pub settled_wal_slot: std::sync::OnceLock<String>,
     /// Events per WAL relay window (and per piece of a larger transaction).
     pub wal_window: u64,
+    /// How long NATS may be unreachable before the WAL relay hands its
+    /// windows to the outbox table, so the slot stops retaining WAL.
+    pub wal_handoff_ms: u64,
     /// Crash tests only: a fault point to abort at (see `worker::FaultPoint`).
     /// Not a setting (no key or variable sets it): only the test kit's
     /// `seawall-testbed` arms it, from `TESTBED_FAULT`, with
@@ -195,6 +198,7 @@ impl Default for Settings {
             // windows leave the relay idle between them (0.44x the plain
             // publisher at 500 events, 0.58x at 5,000).
             wal_window: 5_000,
+            wal_handoff_ms: 300_000,
             fault: None,
             domain: figment::value::Dict::new(),
         }
@@ -434,6 +438,7 @@ impl Settings {
             window: usize::try_from(self.wal_window).unwrap_or(usize::MAX),
             standby_retry: Duration::from_secs(1),
             holder_timeout: relay.lease,
+            handoff_after: Duration::from_millis(self.wal_handoff_ms),
             retry_base: relay.retry_base,
             retry_max: relay.retry_max,
             server_errors: None,

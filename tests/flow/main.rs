@@ -30,6 +30,7 @@ mod wal_connection;
 mod wal_fence;
 mod wal_mode;
 mod wal_names;
+mod wal_outage;
 mod wal_slot;
 mod wal_standby;
 mod wal_windows;

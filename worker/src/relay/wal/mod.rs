@@ -78,6 +78,13 @@ pub struct WalRelayConfig {
     pub window: usize,
     /// How often a standby tries to take the slot over.
     pub standby_retry: Duration,
+    /// How long NATS may stay unreachable before the relay hands windows
+    /// to the outbox table instead of retrying them in place: a window
+    /// retried in place holds the slot, which retains all of the database's
+    /// WAL meanwhile (a full disk, or a slot lost to
+    /// `max_slot_wal_keep_size`); handed over, the slot moves on and the
+    /// table relay publishes them once NATS is back, in key order.
+    pub handoff_after: Duration,
     /// How long PostgreSQL waits on a silent holder (frozen, or cut off)
     /// before it ends that session and a standby can take the slot: the
     /// relay sets its own `wal_sender_timeout` to it, so the takeover fits
@@ -156,6 +163,7 @@ mod aside;
 mod connection;
 mod gate;
 mod heartbeat;
+mod outage;
 mod publish;
 mod reader;
 mod record;
@@ -219,6 +227,8 @@ pub struct WalRelay {
     /// Why the relay is off while it is (it stepped aside as a synchronous
     /// standby), for `/readyz`.
     problem: Arc<std::sync::Mutex<Option<String>>>,
+    /// Since when NATS has been unreachable, while it is.
+    outage: outage::Outage,
 }
 
 impl WalRelay {
@@ -231,6 +241,7 @@ impl WalRelay {
             held: std::sync::atomic::AtomicBool::new(false),
             unrecorded: std::sync::Mutex::default(),
             problem: Arc::default(),
+            outage: outage::Outage::default(),
         }
     }
 

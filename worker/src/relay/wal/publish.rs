@@ -116,6 +116,12 @@ impl WalRelay {
     ) -> Result<Rows, WalError> {
         let mut attempt = 0u32;
         loop {
+            if self.outage.handing_off(&self.js) {
+                // NATS has been unreachable past `handoff_after`: the window
+                // goes to the table as it is, without trying (see
+                // `Outage`), so the slot moves on.
+                return self.rows(events, Vec::new());
+            }
             let held = service::wal::relay::held_keys(&self.db, &events).await?;
             let (mut left, chains) = split(events, &held);
             let mut refused = Vec::new();
@@ -127,6 +133,9 @@ impl WalRelay {
                 refused.extend(chain.failed);
             }
             let newly = acked.len() - before;
+            if newly > 0 {
+                self.outage.over();
+            }
             *published += newly;
             metrics::counter!("seawall_relay_published_total").increment(newly as u64);
             if let Some(err) = fenced {
@@ -139,6 +148,9 @@ impl WalRelay {
                 return Err(WalError::Stopped);
             }
             if !refused.is_empty() && !connected && !cancel.is_cancelled() {
+                if self.outage.lasted_past(self.config.handoff_after) {
+                    return self.rows(left, refused);
+                }
                 attempt = attempt.saturating_add(1);
                 let wait = service::Backoff::new(self.config.retry_base, self.config.retry_max)
                     .delay(attempt);
