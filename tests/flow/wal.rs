@@ -29,6 +29,16 @@ pub(crate) fn wal_env(
     nats_url: &str,
     extra: &[(&str, &str)],
 ) -> Vec<(&'static str, String)> {
+    wal_env_on(&t.url, nats_url, extra)
+}
+
+/// [`wal_env`] for a process reaching the test's database through `url`
+/// (a proxy, another spelling of the URL).
+pub(crate) fn wal_env_on(
+    url: &str,
+    nats_url: &str,
+    extra: &[(&str, &str)],
+) -> Vec<(&'static str, String)> {
     let mut all = vec![
         ("SEAWALL_OUTBOX_MODE", "wal"),
         ("SEAWALL_DUPLICATE_WINDOW_MS", "5000"),
@@ -36,7 +46,7 @@ pub(crate) fn wal_env(
         ("SEAWALL_RELAY_RETRY_MAX_MS", "2500"),
     ];
     all.extend_from_slice(extra);
-    env(&t.url, nats_url, &all)
+    env(url, nats_url, &all)
 }
 
 /// The slot seawall names after the test's database.

@@ -18,7 +18,7 @@ use crate::support::process::Seawall;
 use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::tls::TestCerts;
 use crate::support::{TestDb, pg_count};
-use crate::wal::{commit_events, recorded, wal_env};
+use crate::wal::{commit_events, recorded, wal_env_on};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_relay_connects_to_a_server_that_takes_only_tls_with_a_password_file() {
@@ -102,12 +102,7 @@ async fn holding_relay(
     env: &[(&'static str, String)],
 ) -> (Seawall, NatsServer, jetstream::Context) {
     let (nats, js) = crate::helpers::ledger_nats().await;
-    let mut cfg = wal_env(t, &nats.url(), &[]);
-    for (key, value) in &mut cfg {
-        if *key == "SEAWALL_DATABASE_URL" {
-            *value = url.to_owned();
-        }
-    }
+    let mut cfg = wal_env_on(url, &nats.url(), &[]);
     cfg.extend_from_slice(env);
     let relay = Seawall::spawn(&["relay"], &cfg);
     crate::wal::until_held(&relay, t, Duration::from_secs(60)).await;

@@ -12,7 +12,7 @@ use crate::support::domain::RECORDED_SUBJECT;
 use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
 use crate::support::{Backend, TestDb, pg_count};
-use crate::wal::{commit_events, drop_slot, recorded, slot_of, wal_env};
+use crate::wal::{commit_events, drop_slot, recorded, slot_of, wal_env_on};
 use crate::wal_windows::until;
 
 /// A URL that names its database in `dbname` (its path empty): releases
@@ -33,12 +33,7 @@ async fn a_slot_an_earlier_release_named_keeps_its_name() {
         .await
         .unwrap();
     let (nats, js) = crate::helpers::ledger_nats().await;
-    let mut cfg = wal_env(&t, &nats.url(), &[]);
-    for (key, value) in &mut cfg {
-        if *key == "SEAWALL_DATABASE_URL" {
-            value.clone_from(&url);
-        }
-    }
+    let cfg = wal_env_on(&url, &nats.url(), &[]);
     let mut relay = Seawall::spawn(&["relay"], &cfg);
     let held = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'seawall_' AND active";
     until(

@@ -17,7 +17,7 @@ use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::{Backend, TestDb, pg_count, wait_until};
 use crate::wal::{
     commit_events, drop_slot, recorded, recorded_past, slot_holder, slot_of, until_held, wal_env,
-    wal_position,
+    wal_env_on, wal_position,
 };
 
 /// The first WAL-mode process makes the slot while four `pgbench` clients
@@ -157,12 +157,7 @@ async fn a_slot_dropped_under_the_relay_is_not_taken_for_a_missing_publication()
     let (nats, js) = crate::helpers::ledger_nats().await;
     let upstream = upstream_of(&t.url);
     let proxy = Proxy::start(upstream).await;
-    let mut cfg = wal_env(&t, &nats.url(), &[]);
-    for (key, value) in &mut cfg {
-        if *key == "SEAWALL_DATABASE_URL" {
-            *value = proxy.url_for(value, upstream);
-        }
-    }
+    let cfg = wal_env_on(&proxy.url_for(&t.url, upstream), &nats.url(), &[]);
     proxy.hold_next(b"START_REPLICATION");
     let mut relay = Seawall::spawn(&["relay"], &cfg);
     proxy.until_held().await;
