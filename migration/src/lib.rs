@@ -41,6 +41,7 @@ mod m20261203_000015_add_wal_relay_progress;
 mod m20261204_000016_binary_text_on_mysql;
 mod m20261207_000017_one_open_dead_letter;
 mod m20261207_000018_add_wal_relay_recorded_generation;
+mod m20261207_000019_create_table_mode_guard;
 #[cfg(test)]
 mod shipped;
 mod status;
@@ -74,6 +75,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000016_binary_text_on_mysql::Migration),
             Box::new(m20261207_000017_one_open_dead_letter::Migration),
             Box::new(m20261207_000018_add_wal_relay_recorded_generation::Migration),
+            Box::new(m20261207_000019_create_table_mode_guard::Migration),
         ];
         // The domain's tables come after the platform's: sea-orm records
         // each migration by name, so the order only matters on a fresh

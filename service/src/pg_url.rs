@@ -26,7 +26,22 @@ const HONOURED: &[&str] = &[
     "ssl-key",
     "options",
     "application_name",
+    "fallback_application_name",
     "statement-cache-capacity",
+];
+
+/// The `PG*` variables that stand for an option neither connection
+/// honours, by the option's name: set in the environment, they would be
+/// ignored as silently as in the URL.
+const VARIABLES: &[(&str, &str)] = &[
+    ("PGCHANNELBINDING", "channel_binding"),
+    ("PGTARGETSESSIONATTRS", "target_session_attrs"),
+    ("PGCONNECT_TIMEOUT", "connect_timeout"),
+    ("PGSSLROOTCERT", "sslrootcert"),
+    ("PGGSSENCMODE", "gssencmode"),
+    ("PGHOST", "host"),
+    ("PGHOSTADDR", "hostaddr"),
+    ("PGPORT", "port"),
 ];
 
 /// Checks the options of PostgreSQL URL `url`; the error names the first
@@ -49,6 +64,20 @@ pub fn check(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks the `PG*` variables of `env` as [`check`] checks a URL's
+/// options (the relay, like libpq, reads them where the URL is silent).
+///
+/// # Errors
+/// A sentence naming the variable and the option it stands for.
+pub fn check_env(env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    for (variable, key) in VARIABLES {
+        if let Some(value) = env(variable).filter(|v| !v.is_empty()) {
+            refused(key, &value).map_err(|why| format!("the environment's {variable}: {why}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// The error for option `key` set to `value`, if it cannot be honoured.
 fn refused(key: &str, value: &str) -> Result<(), String> {
     let remedy = match (key, value) {
@@ -57,6 +86,10 @@ fn refused(key: &str, value: &str) -> Result<(), String> {
             "channel_binding=require is not supported by seawall's connections (the pool's sqlx and the WAL relay authenticate with SCRAM without channel binding); use sslmode=verify-full to authenticate the server instead"
         }
         ("target_session_attrs", "any") => return Ok(()),
+        ("gssencmode", "disable" | "allow" | "prefer") => return Ok(()),
+        ("gssencmode", _) => {
+            "gssencmode=require is not supported: seawall's connections do not speak GSSAPI encryption; use TLS (sslmode)"
+        }
         ("target_session_attrs", _) => {
             "target_session_attrs is not supported: point database_url at the primary's address (a Patroni or pgbouncer endpoint that follows the leader)"
         }
@@ -97,8 +130,37 @@ mod tests {
             "postgres://h/d?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x",
             "postgres:///d?host=/run/postgresql&channel_binding=prefer",
             "postgresql://h/d?target_session_attrs=any&options=-c%20search_path%3Dapp",
+            "postgres://h/d?gssencmode=disable&fallback_application_name=x",
         ] {
             assert_eq!(check(url), Ok(()), "{url}");
+        }
+    }
+
+    #[test]
+    fn variables_standing_for_refused_options_are_refused_by_name() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(
+            super::check_env(&vars(&[("PGUSER", "app"), ("PGGSSENCMODE", "disable")])),
+            Ok(())
+        );
+        for (pairs, named) in [
+            (&[("PGCHANNELBINDING", "require")][..], "PGCHANNELBINDING"),
+            (&[("PGSSLROOTCERT", "system")][..], "PGSSLROOTCERT"),
+            (&[("PGHOST", "a,b")][..], "PGHOST"),
+            (
+                &[("PGTARGETSESSIONATTRS", "read-write")][..],
+                "PGTARGETSESSIONATTRS",
+            ),
+        ] {
+            let err = super::check_env(&vars(pairs)).unwrap_err();
+            assert!(err.contains(named), "{err}");
         }
     }
 

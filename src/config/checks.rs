@@ -76,7 +76,8 @@ impl Settings {
         for (key, url) in urls {
             service::pg_url::check(url).map_err(|why| invalid(key, why))?;
         }
-        Ok(())
+        service::pg_url::check_env(&|name| std::env::var(name).ok())
+            .map_err(|why| invalid("database_url", why))
     }
 
     /// Counts, sizes and intervals are in range: a zero would stall or spin

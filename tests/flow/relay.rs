@@ -400,6 +400,69 @@ async fn a_row_without_a_stream_is_retried_then_marked_dead() {
     );
 }
 
+/// NATS down for longer than the attempt limit lasts: each failed publish
+/// is recorded with its error and a backoff, but spends no attempt, so no
+/// row dies of the outage (in WAL mode, rows the relay handed to the table
+/// during a long outage would die of it too); once NATS is back the row is
+/// published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_longer_than_the_attempt_limit_kills_no_row() {
+    let (t, mut nats, js) = with_ledger_stream(Backend::Sqlite).await;
+    enqueue_many(&t.db, 1, "outage").await;
+    nats.stop();
+    let connected = || js.client().connection_state() == async_nats::connection::State::Connected;
+    wait_until(
+        "the client sees NATS gone",
+        Duration::from_secs(30),
+        || async { !connected() },
+    )
+    .await;
+    let relay = Relay::new(
+        t.db.clone(),
+        js.clone(),
+        RelayConfig {
+            max_attempts: 2,
+            retry_base: Duration::from_millis(1),
+            retry_max: Duration::from_millis(5),
+            ..RelayConfig::default()
+        },
+        Arc::new(Notify::new()),
+    );
+    let mut failed = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while failed < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the publishes never failed"
+        );
+        failed += relay.relay_once().await.unwrap().failed;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    use sea_orm::EntityTrait;
+    let row = entity::outbox_message::Entity::find()
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.attempts, row.dead_at),
+        (0, None),
+        "{:?}",
+        row.last_error
+    );
+    assert!(row.last_error.is_some());
+    nats.restart().await;
+    wait_until("the client is back", Duration::from_secs(60), || async {
+        connected()
+    })
+    .await;
+    wait_until("the row is published", Duration::from_secs(60), || async {
+        relay.relay_once().await.unwrap();
+        worker::relay::pending_count(&t.db).await.unwrap() == 0
+    })
+    .await;
+}
+
 /// Start-up refuses a duplicate window shorter than the relay lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_duplicate_window_shorter_than_the_lease_stops_startup() {

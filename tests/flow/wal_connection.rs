@@ -11,13 +11,13 @@ use async_nats::jetstream;
 use sea_orm::ConnectionTrait;
 
 use crate::helpers::stored_on;
+use crate::support::TestDb;
 use crate::support::domain::RECORDED_SUBJECT;
 use crate::support::nats::NatsServer;
 use crate::support::postgres::PrivatePostgres;
 use crate::support::process::Seawall;
 use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::tls::TestCerts;
-use crate::support::{TestDb, pg_count};
 use crate::wal::{commit_events, recorded, wal_env_on};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -165,41 +165,34 @@ async fn a_relay_whose_server_goes_silent_ends_its_session_and_comes_back() {
     crate::wal::drop_slot(&t);
 }
 
-/// On an idle server (a cluster of the test's own: the shared one's other
-/// databases keep every walsender busy) PostgreSQL sends nothing while the
-/// relay keeps confirming; the relay's heartbeat is what the stream
-/// carries, and the session confirms past it again and again instead of
-/// taking the quiet for a lost server. Without the heartbeat, the slot's
-/// position never moves and the session ends every silence.
+/// A replication connection whose server is there and hears the relay but
+/// sends nothing for several silences (as while its walsender reads
+/// through a long stretch of other WAL): the relay asks the server through
+/// its pool, finds its walsender, and keeps the session instead of
+/// starting again from the same place for ever; once the stream speaks
+/// again the events flow. The proxy holds back the server's side alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_idle_database_keeps_the_relay_streaming_on_its_heartbeat() {
-    let pg = PrivatePostgres::start(&["wal_level=logical"]);
-    let t = TestDb::on_postgres(&pg.url).await;
-    let (mut relay, _nats, _js) = holding_relay(&t, &t.url, &[]).await;
-    let position = "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
-                    FROM pg_replication_slots";
-    let seen = std::sync::Mutex::new(Vec::new());
-    let moves = || {
-        let (db, seen) = (&t.db, &seen);
-        async move {
-            let now = pg_count(db, position).await;
-            let mut seen = seen.lock().unwrap();
-            if seen.last() != Some(&now) {
-                seen.push(now);
-            }
-            seen.len() > 3
-        }
-    };
-    let within = Duration::from_secs(60);
+async fn a_quiet_stream_whose_walsender_is_there_keeps_its_session() {
+    let t = TestDb::new(crate::support::Backend::Postgres).await;
+    let upstream = upstream_of(&t.url);
+    let proxy = Proxy::start(upstream).await;
+    let url = proxy.url_for(&t.url, upstream);
+    let debug = ("SEAWALL_LOG", "info,worker::relay::wal=debug".to_owned());
+    let (mut relay, _nats, js) = holding_relay(&t, &url, &[debug]).await;
+    proxy.quiet_replication();
+    let quiet = "its walsender is there: waiting on";
     crate::wal_windows::until(
         &relay,
-        "the slot to move past three heartbeats",
-        within,
-        moves,
+        "the relay finds its walsender twice",
+        Duration::from_secs(60),
+        || async { relay.log_text().matches(quiet).count() >= 2 },
     )
     .await;
+    proxy.thaw();
+    relays_ten(&t, &relay, &js, "after", 10).await;
     let log = relay.log_text();
     assert!(!log.contains("was silent"), "{log}");
     assert!(relay.terminate().await.success(), "{log}");
     relay.assert_no_panic();
+    crate::wal::drop_slot(&t);
 }

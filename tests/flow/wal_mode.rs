@@ -93,9 +93,11 @@ async fn no_slot(t: &TestDb, slot: &str) -> bool {
 /// A rolling deploy to WAL mode: a table-mode writer still running checks
 /// the mode inside its transaction, so the switch (the first WAL-mode
 /// process's `prepare`) waits for a table-mode transaction that checked
-/// before it, and a later one is refused (its row could otherwise go out
-/// ahead of its key's events still in the slot). Without the lock the
-/// switch does not wait; without the check the later row is written.
+/// before it, and later ones are refused (a row could otherwise go out
+/// ahead of its key's events still in the slot), one queued behind the
+/// switch too. Without the lock the switch does not wait; without the
+/// check the later row is written; with lock and check in one query the
+/// queued writer reads the mode from before the switch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_switch_to_wal_mode_waits_for_table_writers_and_refuses_later_ones() {
     let t = TestDb::new(Backend::Postgres).await;
@@ -125,8 +127,30 @@ async fn a_switch_to_wal_mode_waits_for_table_writers_and_refuses_later_ones() {
     )
     .await;
     assert!(!switching.is_finished());
+    // A second writer queues behind the switch: it must read the mode
+    // after the switch commits, not as it was when its query began.
+    let queued = {
+        let db = t.db.clone();
+        tokio::spawn(async move {
+            let txn = db.begin().await.unwrap();
+            let result = table.enqueue(&txn, recorded("queued", Some("k"))).await;
+            txn.rollback().await.unwrap();
+            result
+        })
+    };
+    wait_until(
+        "the second writer queues behind the switch",
+        Duration::from_secs(60),
+        || async { pg_count(&t.db, waiting).await == 2 },
+    )
+    .await;
     writer.commit().await.unwrap();
     switching.await.unwrap().unwrap();
+    let queued = queued.await.unwrap();
+    assert!(
+        matches!(queued, Err(OutboxError::InWalMode(ref s)) if *s == slot),
+        "{queued:?}"
+    );
     let later = t.db.begin().await.unwrap();
     let refused = table.enqueue(&later, recorded("after", Some("k"))).await;
     assert!(

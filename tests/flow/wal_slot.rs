@@ -19,6 +19,7 @@ use crate::wal::{
     commit_events, drop_slot, recorded, recorded_past, slot_holder, slot_of, until_held, wal_env,
     wal_env_on, wal_position,
 };
+use crate::wal_windows::until;
 
 /// The first WAL-mode process makes the slot while four `pgbench` clients
 /// commit single-row inserts as fast as they can. A change committed after
@@ -166,10 +167,15 @@ async fn a_slot_dropped_under_the_relay_is_not_taken_for_a_missing_publication()
         .await
         .unwrap();
     proxy.release();
-    wait_until(
+    until(
+        &relay,
         "the relay meets its slot missing",
         Duration::from_secs(60),
-        || async { relay.log_text().contains("the WAL slot does not exist") },
+        || async {
+            relay
+                .log_text()
+                .contains("dropped while the relay reconnected")
+        },
     )
     .await;
     relays_after_its_slot(&t, &js, "after").await;
@@ -216,8 +222,8 @@ async fn advance(t: &TestDb) {
 /// the slot was of a release that confirms positions it never records
 /// (keepalives), as a previous release's relay does: its `generation` bump
 /// leaves `recorded_generation` behind. Without the generation check the
-/// first `prepare` records a false loss; without the check itself, the
-/// second records none.
+/// first `prepare` records a false loss; without the check in a session's
+/// take-over, the loss is not found there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slot_confirmed_past_its_record_is_a_loss_unless_an_older_release_confirmed_it() {
     let t = TestDb::new(Backend::Postgres).await;
@@ -248,7 +254,10 @@ async fn a_slot_confirmed_past_its_record_is_a_loss_unless_an_older_release_conf
     let recorded_at = confirmed(&t).await;
     advance(&t).await;
     let ahead = confirmed(&t).await;
-    worker::relay::wal::prepare(&t.db, &slot).await.unwrap();
+    // Found by the next session as it takes the slot, whether or not a
+    // `prepare` ran before it.
+    let (_, found) = service::wal::relay::take_over(&t.db, &slot).await.unwrap();
+    assert!(found.is_some());
     let loss = format!(
         "SELECT count(*) FROM wal_slot_loss WHERE relayed_to = {recorded_at} AND restarted_at = {ahead}"
     );

@@ -75,20 +75,23 @@ impl Batch {
         }
     }
 
-    /// Records a failed publish of `row`; returns whether it is now dead.
+    /// Records a failed publish of `row` (an attempt when `counted`, see
+    /// [`store::mark_failed`]); returns whether it is now dead.
     pub async fn mark_failed(
         &self,
         row: &outbox_message::Model,
         error: &str,
         retry_after: Duration,
         max_attempts: i32,
+        counted: bool,
     ) -> Result<bool, DbErr> {
         match &self.hold {
             Hold::RowLocks(txn) => {
-                store::mark_failed(txn, None, row, error, retry_after, max_attempts).await
+                store::mark_failed(txn, None, row, error, retry_after, max_attempts, counted).await
             }
             Hold::Lease { db, owner } => {
-                store::mark_failed(db, Some(owner), row, error, retry_after, max_attempts).await
+                let owner = Some(owner.as_str());
+                store::mark_failed(db, owner, row, error, retry_after, max_attempts, counted).await
             }
         }
     }

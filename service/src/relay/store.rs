@@ -243,8 +243,10 @@ fn id_array(ids: &[i64]) -> String {
     text
 }
 
-/// Records a failed publish: one more attempt, the error, a backoff, and
-/// `dead_at` once the attempt limit is reached.
+/// Records a failed publish: the error, a backoff, and, when `counted`,
+/// one more attempt and `dead_at` once the attempt limit is reached. A
+/// failure while NATS is unreachable is not counted: an outage is not the
+/// row's fault, and would otherwise kill every row it outlasts.
 pub async fn mark_failed<C: ConnectionTrait>(
     db: &C,
     owner: Option<&str>,
@@ -252,12 +254,16 @@ pub async fn mark_failed<C: ConnectionTrait>(
     error: &str,
     retry_after: Duration,
     max_attempts: i32,
+    counted: bool,
 ) -> Result<bool, DbErr> {
     let now = Utc::now();
     let attempts = row.attempts.saturating_add(1);
-    let dead = attempts >= max_attempts;
+    let dead = counted && attempts >= max_attempts;
     outbox_message::Entity::update_many()
-        .col_expr(Column::Attempts, Expr::col(Column::Attempts).add(1))
+        .col_expr(
+            Column::Attempts,
+            Expr::col(Column::Attempts).add(i32::from(counted)),
+        )
         .col_expr(Column::LastError, Expr::value(error))
         .col_expr(Column::NextAttemptAt, Expr::value(now + span(retry_after)))
         .col_expr(Column::LockedBy, Expr::value(Option::<String>::None))

@@ -79,18 +79,27 @@ pub async fn position(db: &DatabaseConnection, slot: &str) -> Result<Position, D
 }
 
 /// Takes `slot`'s relaying over for a session that has just taken the slot:
-/// bumps the generation kept with the slot's position and returns it. The
-/// session records windows only while the generation is its own
-/// ([`record_window`]), and stops once [`holds`] says it moved on.
+/// bumps the generation kept with the slot's position and returns it, with
+/// the loss of a slot remade since the last session recorded
+/// ([`super::slot::prepare`] looks for it too, but a session may start
+/// without it: a failed check, a standby taking over). The session records
+/// windows only while the generation is its own ([`record_window`]), and
+/// stops once [`holds`] says it moved on.
 ///
 /// # Errors
 /// The database error.
-pub async fn take_over(db: &DatabaseConnection, slot: &str) -> Result<i64, DbErr> {
+pub async fn take_over(
+    db: &DatabaseConnection,
+    slot: &str,
+) -> Result<(i64, Option<super::slot::SlotLoss>), DbErr> {
     let txn = db.begin().await?;
     // A holder frozen inside its record holds the row: wait a bounded
     // time, then this session ends and tries again.
     txn.execute_unprepared("SET LOCAL lock_timeout = '5s'")
         .await?;
+    // Before the generation moves: the check holds only while it is the
+    // one that recorded.
+    let loss = super::slot::remade(&txn, slot).await?;
     // Never the same number twice, even after the row was dropped with
     // its slot and made again: at least the clock's microseconds.
     let row = txn
@@ -108,7 +117,7 @@ pub async fn take_over(db: &DatabaseConnection, slot: &str) -> Result<i64, DbErr
         .ok_or_else(|| DbErr::RecordNotFound("wal_relay_position".into()))?;
     let generation = row.try_get("", "generation")?;
     txn.commit().await?;
-    Ok(generation)
+    Ok((generation, loss))
 }
 
 /// Whether the session of `generation` still holds `slot`: no other session
@@ -241,6 +250,28 @@ pub async fn synchronous_role(
         ))
         .await?;
     row.map(|r| r.try_get("", "names")).transpose()
+}
+
+/// Whether the server `db` writes to has a walsender for the replication
+/// connection named `application`: a relay whose stream has been silent
+/// asks before it gives the session up, since a walsender reading through
+/// a long stretch of other WAL sends nothing meanwhile.
+///
+/// # Errors
+/// The database error.
+pub async fn walsender_alive(db: &DatabaseConnection, application: &str) -> Result<bool, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT count(*) AS n FROM pg_stat_replication WHERE application_name = $1",
+            [application.into()],
+        ))
+        .await?;
+    Ok(row
+        .map(|r| r.try_get::<i64>("", "n"))
+        .transpose()?
+        .unwrap_or(0)
+        > 0)
 }
 
 /// Most values bound in one statement: PostgreSQL takes at most 65,535,

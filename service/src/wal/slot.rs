@@ -144,16 +144,6 @@ async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
     )
 }
 
-/// Whether replication slot `slot` exists: a relay tells a slot dropped
-/// under it from a publication missing at decoding time, both of which
-/// PostgreSQL reports as `undefined_object`.
-///
-/// # Errors
-/// The database error.
-pub async fn exists(db: &DatabaseConnection, slot: &str) -> Result<bool, DbErr> {
-    Ok(slot_row(db, slot).await?.is_some())
-}
-
 async fn slot_row(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotRow>, DbErr> {
     SlotRow::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
@@ -213,7 +203,20 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
 /// every table-mode transaction that checked the mode before
 /// ([`table_mode_guard`]), and those after it see WAL mode.
 async fn switch_to_wal_mode(db: &DatabaseConnection, slot: &str) -> Result<(), DbErr> {
+    let switched = one_text(
+        db,
+        &format!("SELECT count(*)::text AS value FROM wal_relay_position WHERE slot = '{slot}'"),
+    )
+    .await?;
+    if switched != "0" {
+        return Ok(());
+    }
     let txn = db.begin().await?;
+    // Queued behind a long table-mode transaction, the switch would hold
+    // every new table-mode writer behind it: it gives up after a while,
+    // and start-up tries again.
+    txn.execute_unprepared("SET LOCAL lock_timeout = '5s'")
+        .await?;
     txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MODE_LOCK})"))
         .await?;
     // Its position is where the slot starts, checkable from the start
@@ -371,20 +374,20 @@ const MODE_LOCK: i64 = 0x005E_A3A1_10DE;
 /// ends: a switch to WAL mode (the first WAL-mode process's [`prepare`])
 /// waits for `txn` to commit, so no row written after the switch can be
 /// published ahead of a WAL event its key committed before it. Returns the
-/// slot relaying the database if it is in WAL mode.
+/// slot relaying the database if it is in WAL mode. Under READ COMMITTED
+/// (the inbox's) it reads after the lock; a REPEATABLE READ transaction
+/// would read its first snapshot, so it must call this first.
 ///
 /// # Errors
 /// The database error.
 pub async fn table_mode_guard<C: ConnectionTrait>(txn: &C) -> Result<Option<String>, DbErr> {
+    // The lock and the read are two queries of one function: a single
+    // query that waited for the lock would read with its snapshot from
+    // before the switch it waited for (see the migration that makes it).
     let row = txn
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
-            format!(
-                "SELECT pg_advisory_xact_lock_shared({MODE_LOCK})::text AS locked, \
-                   (SELECT p.slot FROM wal_relay_position p \
-                      JOIN pg_replication_slots s ON s.slot_name = p.slot \
-                     WHERE s.database = current_database() ORDER BY p.slot LIMIT 1) AS slot"
-            ),
+            format!("SELECT fn_outbox_table_mode_guard({MODE_LOCK}) AS slot"),
         ))
         .await?;
     match row {
@@ -475,7 +478,10 @@ async fn restarted(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLos
 /// bumped the generation, and its slot is legitimately ahead. A relay
 /// recording at this moment is safe: it commits its position before it
 /// confirms it, and the row lock makes this statement read that position.
-async fn remade(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLoss>, DbErr> {
+pub(crate) async fn remade<C: ConnectionTrait>(
+    db: &C,
+    slot: &str,
+) -> Result<Option<SlotLoss>, DbErr> {
     let row = db
         .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,

@@ -28,10 +28,17 @@ struct State {
     hold: std::sync::Mutex<Option<&'static [u8]>>,
     /// Whether a held statement waits; `false` again lets it through.
     held: watch::Sender<bool>,
-    /// `true` while nothing is forwarded either way on replication
-    /// connections, which stay open: a peer gone silent, not one that hung
-    /// up.
-    frozen: watch::Sender<bool>,
+    /// While set, what is not forwarded on replication connections, which
+    /// stay open: a peer gone silent, not one that hung up.
+    frozen: watch::Sender<Frozen>,
+}
+
+/// What a replication connection does not forward, while set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frozen {
+    Nothing,
+    FromServer,
+    BothWays,
 }
 
 /// Forwards `127.0.0.1:<port>` to `upstream`; stops on drop.
@@ -52,7 +59,7 @@ impl Proxy {
             commits_dropped: AtomicUsize::new(0),
             hold: std::sync::Mutex::new(None),
             held: watch::channel(false).0,
-            frozen: watch::channel(false).0,
+            frozen: watch::channel(Frozen::Nothing).0,
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -117,11 +124,18 @@ impl Proxy {
     /// them open: to the client, the server has gone silent. Other
     /// connections go on.
     pub fn freeze_replication(&self) {
-        self.state.frozen.send_replace(true);
+        self.state.frozen.send_replace(Frozen::BothWays);
+    }
+
+    /// Forwards nothing from the server on replication connections until
+    /// [`Proxy::thaw`], while the client's messages still reach it: a
+    /// server that is there and hears the client but has nothing to send.
+    pub fn quiet_replication(&self) {
+        self.state.frozen.send_replace(Frozen::FromServer);
     }
 
     pub fn thaw(&self) {
-        self.state.frozen.send_replace(false);
+        self.state.frozen.send_replace(Frozen::Nothing);
     }
 
     /// How many `COMMIT`s were cut, before or after the server had them.
@@ -157,16 +171,25 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     let cut = AtomicBool::new(false);
     // Set once the client's startup asks for a replication connection.
     let replication = AtomicBool::new(false);
-    let thawed = || async {
-        let mut frozen = state.frozen.subscribe();
+    // Waits while the direction is frozen (`from_server` or not).
+    let (shared, replication) = (&state, &replication);
+    let thawed = move |from_server: bool| async move {
+        let mut frozen = shared.frozen.subscribe();
         let _ = frozen
-            .wait_for(|frozen| !*frozen || !replication.load(Ordering::SeqCst))
+            .wait_for(|frozen| {
+                let stopped = match frozen {
+                    Frozen::Nothing => false,
+                    Frozen::FromServer => from_server,
+                    Frozen::BothWays => true,
+                };
+                !stopped || !replication.load(Ordering::SeqCst)
+            })
             .await;
     };
     let to_server = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            thawed().await;
+            thawed(false).await;
             let n = match client_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
@@ -191,7 +214,7 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     let to_client = async {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            thawed().await;
+            thawed(true).await;
             let n = match server_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,

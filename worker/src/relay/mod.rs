@@ -226,6 +226,9 @@ impl Relay {
     ) -> Result<Vec<i64>, RelayError> {
         let mut published = Vec::new();
         let mut unpublished = Vec::new();
+        // A failure while NATS is unreachable spends no attempt.
+        let counted =
+            self.js.client().connection_state() == async_nats::connection::State::Connected;
         for chain in chains {
             published.extend(chain.published);
             unpublished.extend(chain.skipped);
@@ -234,7 +237,7 @@ impl Relay {
                 let error = explain(self.config.server_errors.as_ref(), &row.subject, error);
                 let retry_after = self.backoff(row.attempts);
                 if batch
-                    .mark_failed(&row, &error, retry_after, self.config.max_attempts)
+                    .mark_failed(&row, &error, retry_after, self.config.max_attempts, counted)
                     .await?
                 {
                     report.dead += 1;

@@ -150,11 +150,18 @@ pub enum WalError {
     /// The replication stream failed.
     #[error("WAL relay replication stream: {0}")]
     Replication(#[from] PgWireError),
-    /// Nothing came from the server for this long, heartbeats included
-    /// (or the connection did not open in it): the peer is taken for gone
-    /// rather than waited on until TCP gives up, minutes later.
+    /// The slot did not exist when the session started streaming (dropped
+    /// by hand meanwhile): it is made again, its loss recorded.
     #[error(
-        "the WAL relay's replication connection was silent for {0:?} (the relay's heartbeat reaches it well within that): taken for lost"
+        "the WAL slot {0:?} does not exist (it was dropped while the relay reconnected); it is made again (a loss, if the relay had recorded a position in it, is logged and recorded with it)"
+    )]
+    SlotGone(String),
+    /// Nothing came from the server for this long and the server, asked
+    /// through the pool, had no walsender for the session (or did not
+    /// answer), or the connection did not open in it: the peer is taken
+    /// for gone rather than waited on until TCP gives up, minutes later.
+    #[error(
+        "the WAL relay's replication connection was silent for {0:?} and the server has no walsender for it: taken for lost"
     )]
     Silent(Duration),
 }
@@ -162,7 +169,6 @@ pub enum WalError {
 mod aside;
 mod connection;
 mod gate;
-mod heartbeat;
 mod outage;
 mod publish;
 mod reader;
@@ -181,15 +187,22 @@ pub use service::wal::slot::{SlotError, SlotLoss, drop_slot, valid_slot_name};
 /// As [`service::wal::slot::prepare`].
 pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotError> {
     if let Some(loss) = service::wal::slot::prepare(db, slot).await? {
-        tracing::error!(
-            %slot,
-            relayed_to = %loss.relayed_to,
-            restarted_at = %loss.restarted_at,
-            "the WAL slot was gone (dropped, or invalidated by max_slot_wal_keep_size) and is made again: events committed between relayed_to and restarted_at were not relayed (recorded in wal_slot_loss)"
-        );
-        metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
+        report_loss(slot, loss);
     }
     Ok(())
+}
+
+/// Says that `slot` was lost and made again (by seawall or someone else):
+/// an error naming the WAL range whose events were never relayed, and
+/// `seawall_wal_slot_recreated_total`.
+fn report_loss(slot: &str, loss: SlotLoss) {
+    tracing::error!(
+        %slot,
+        relayed_to = %loss.relayed_to,
+        restarted_at = %loss.restarted_at,
+        "the WAL slot was gone (dropped, invalidated by max_slot_wal_keep_size, or made again by someone else) and a new one took its place: events committed between relayed_to and restarted_at were not relayed (recorded in wal_slot_loss)"
+    );
+    metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
 }
 
 /// The slot a process without `wal_slot` uses on `db`: the one a release
@@ -293,7 +306,7 @@ impl WalRelay {
                     if let WalError::Replication(e) = &err
                         && server_sqlstate(e) == Some(UNDEFINED_OBJECT)
                     {
-                        self.explain_undefined_object(&err).await;
+                        tracing::error!(slot = %self.config.slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed");
                     }
                     tracing::warn!(error = %err, "WAL relay session ended; reconnecting");
                     // The slot may be what failed: dropped, or invalidated
@@ -341,7 +354,6 @@ impl WalRelay {
         tokio::pin!(hold);
         tokio::select! {
             held = &mut hold => held,
-            never = self.heartbeats() => match never {},
             names = self.until_synchronous() => {
                 aside.cancel();
                 let slot = self.config.slot.clone();
@@ -390,6 +402,8 @@ impl WalRelay {
             client,
             confirms,
             silence: self.silence(),
+            db: self.db.clone(),
+            application: application.to_owned(),
             size: self.config.window,
             resume: position.partial,
             open: None,
@@ -398,7 +412,8 @@ impl WalRelay {
         self.warn_if_at_risk().await;
         let mut checked = std::time::Instant::now();
         let mut gate = gate::Gate::new(&self.config.slot, application);
-        let mut keepalive = reader::Keepalives::default();
+        // As often as PostgreSQL hears from a healthy relay at the least.
+        let mut keepalive = reader::Keepalives::every(self.config.holder_timeout);
         loop {
             if checked.elapsed() >= RESERVE_CHECK {
                 self.warn_if_at_risk().await;
@@ -485,6 +500,11 @@ impl WalRelay {
             Ok(Err(err)) if server_sqlstate(&err) == Some(OBJECT_IN_USE) => {
                 Err(WalError::Standby(self.config.slot.clone()))
             }
+            // At the opening, `undefined_object` is the slot itself; while
+            // streaming, it is a publication missing at decoding time.
+            Ok(Err(err)) if server_sqlstate(&err) == Some(UNDEFINED_OBJECT) => {
+                Err(WalError::SlotGone(self.config.slot.clone()))
+            }
             Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(WalError::Silent(self.silence())),
         }
@@ -535,28 +555,15 @@ impl WalRelay {
             Err(err) => tracing::debug!(error = %err, "could not check the WAL slot's reserve"),
         }
     }
+}
 
-    /// SQLSTATE 42704 (`undefined_object`) names two different things: the
-    /// slot missing as the session starts streaming (dropped by hand
-    /// meanwhile: it is made again below, and its loss recorded if it had a
-    /// position), or, while decoding, a publication missing when a change
-    /// was committed, which no retry gets past and whose remedy
-    /// (`--drop-slot`) erases the position. Told apart by whether the slot
-    /// exists now: the advice to drop it must never follow a slot that is
-    /// simply gone.
-    async fn explain_undefined_object(&self, err: &WalError) {
-        let slot = &self.config.slot;
-        match service::wal::slot::exists(&self.db, slot).await {
-            Ok(false) => {
-                tracing::warn!(%slot, error = %err, "the WAL slot does not exist (it was dropped while the relay reconnected); it is made again (a loss, if the relay had recorded a position in it, is logged and recorded with it)")
-            }
-            Ok(true) => {
-                tracing::error!(%slot, error = %err, "the WAL slot cannot decode a change committed while its publication did not exist (it was dropped, or the slot was made before it by a seawall older than this one), and never will: `seawall relay --drop-slot` and start again; events written since the slot's last confirmed position are not relayed")
-            }
-            Err(db) => {
-                tracing::warn!(%slot, error = %err, check = %db, "the WAL slot or its publication is missing, and the database could not say which")
-            }
-        }
+impl WalRelay {
+    /// How long the replication stream may stay silent (and a connection
+    /// take to open) before the relay asks whether the server still
+    /// streams to it: twice `holder_timeout`, the time PostgreSQL itself
+    /// gives a silent relay, and at least a second.
+    fn silence(&self) -> Duration {
+        (self.config.holder_timeout * 2).max(Duration::from_secs(1))
     }
 }
 

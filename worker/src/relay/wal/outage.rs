@@ -43,17 +43,17 @@ impl Outage {
     }
 
     /// Whether the outage is past its limit and still on: a window then
-    /// goes to the table without being tried.
+    /// goes to the table without being tried. A connection that is up again
+    /// is tried, but only a PubAck ends the outage ([`Outage::over`]): a
+    /// connection that keeps coming up and failing must not restart the
+    /// clock each time.
     pub(super) fn handing_off(&self, js: &jetstream::Context) -> bool {
         let connected = js.client().connection_state() == async_nats::connection::State::Connected;
-        if connected {
-            self.over();
-            return false;
-        }
-        *self.told.lock().unwrap_or_else(|e| e.into_inner())
+        !connected && *self.told.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// NATS answered: the next outage starts from nothing.
+    /// JetStream acknowledged a publish: the next outage starts from
+    /// nothing.
     pub(super) fn over(&self) {
         if self.since().take().is_some() {
             let mut told = self.told.lock().unwrap_or_else(|e| e.into_inner());

@@ -37,27 +37,30 @@ pub(super) struct Window {
     pub(super) partial: Option<Partial>,
 }
 
-/// How often a window that only moves the position on (a keepalive, the
-/// relay's heartbeat, other databases' WAL) is recorded, and so confirmed:
-/// each is a commit, and the slot may lag the server by this much.
-const KEEPALIVE_RECORD: Duration = Duration::from_secs(1);
-
-/// The pace of keepalive-only windows: every position the slot is
-/// confirmed at is recorded first (so a slot confirmed past the record was
-/// remade, see `service::wal::slot::prepare`), and these come far more
-/// often than a record is worth.
-#[derive(Debug, Default)]
+/// The pace of keepalive-only windows (a keepalive, other databases' or
+/// other applications' WAL): every position the slot is confirmed at is
+/// recorded first (so a slot confirmed past the record was remade, see
+/// `service::wal::slot::prepare`), and these come far more often than a
+/// record is worth. Each record is a commit, and the slot lags the server
+/// by at most `every` of WAL.
+#[derive(Debug)]
 pub(super) struct Keepalives {
+    every: Duration,
     last: Option<tokio::time::Instant>,
 }
 
 impl Keepalives {
+    /// Keepalive positions recorded at most once `every`.
+    pub(super) fn every(every: Duration) -> Self {
+        Self { every, last: None }
+    }
+
     /// Whether a keepalive-only window is to be recorded (and confirmed)
-    /// now: once a [`KEEPALIVE_RECORD`]. One passed over is neither
-    /// recorded nor confirmed; a later one is.
+    /// now. One passed over is neither recorded nor confirmed; a later one
+    /// is.
     pub(super) fn due(&mut self) -> bool {
         let now = tokio::time::Instant::now();
-        if self.last.is_some_and(|last| now - last < KEEPALIVE_RECORD) {
+        if self.last.is_some_and(|last| now - last < self.every) {
             return false;
         }
         self.last = Some(now);
@@ -125,8 +128,13 @@ pub(super) struct Reader {
     pub(super) client: ReplicationClient,
     pub(super) confirms: mpsc::UnboundedReceiver<Lsn>,
     /// How long the stream may stay silent while the reader waits on it
-    /// before the session ends ([`WalError::Silent`]).
+    /// before the reader asks whether the server still streams to it
+    /// ([`WalError::Silent`] when not).
     pub(super) silence: Duration,
+    /// The pool, to ask that.
+    pub(super) db: sea_orm::DatabaseConnection,
+    /// The session's replication connection's `application_name`.
+    pub(super) application: String,
     pub(super) size: usize,
     /// A transaction published in part before this session.
     pub(super) resume: Option<Partial>,
@@ -157,25 +165,46 @@ impl Reader {
 
     /// The next event, confirming positions while it waits (both receives
     /// are cancel-safe). `linger` bounds the wait: `None` once it passes.
-    /// Without one, the wait is bounded by the session's silence: the
-    /// relay's heartbeat gives the stream something to say well within it,
-    /// so a stream silent that long has lost its server.
+    /// Without one, the wait is checked every silence: PostgreSQL sends
+    /// nothing to a relay that keeps confirming while there is nothing to
+    /// send, or while its walsender reads through a long stretch of other
+    /// WAL, but then the pool sees that walsender; when it does not (or
+    /// cannot answer), the server is gone or the connection is.
     async fn next(
         &mut self,
         linger: Option<Duration>,
     ) -> Result<Option<ReplicationEvent>, WalError> {
-        let deadline = tokio::time::Instant::now() + linger.unwrap_or(self.silence);
+        let mut deadline = tokio::time::Instant::now() + linger.unwrap_or(self.silence);
         loop {
             tokio::select! {
                 event = self.client.recv() => return Ok(Some(event?.ok_or_else(ended)?)),
                 Some(lsn) = self.confirms.recv() => self.client.update_applied_lsn(lsn),
                 () = tokio::time::sleep_until(deadline) => {
-                    return match linger {
-                        Some(_) => Ok(None),
-                        None => Err(WalError::Silent(self.silence)),
-                    };
+                    if linger.is_some() {
+                        return Ok(None);
+                    }
+                    if !self.still_streamed().await {
+                        return Err(WalError::Silent(self.silence));
+                    }
+                    tracing::debug!(silence = ?self.silence, "the WAL relay's stream is quiet, and its walsender is there: waiting on");
+                    deadline = tokio::time::Instant::now() + self.silence;
                 }
             }
+        }
+    }
+
+    /// Whether the server still has this session's walsender, asked
+    /// through the pool within one silence (a vanished server answers
+    /// neither connection).
+    async fn still_streamed(&self) -> bool {
+        let asked = service::wal::relay::walsender_alive(&self.db, &self.application);
+        match tokio::time::timeout(self.silence, asked).await {
+            Ok(Ok(alive)) => alive,
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "could not ask whether the WAL relay's walsender is there");
+                false
+            }
+            Err(_) => false,
         }
     }
 

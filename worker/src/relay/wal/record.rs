@@ -68,7 +68,11 @@ impl WalRelay {
     /// Takes the slot's relaying over for a session that has just taken the
     /// slot (see [`service::wal::relay::take_over`]).
     pub(super) async fn take_over(&self) -> Result<Fence, DbErr> {
-        let generation = service::wal::relay::take_over(&self.db, &self.config.slot).await?;
+        let (generation, loss) =
+            service::wal::relay::take_over(&self.db, &self.config.slot).await?;
+        if let Some(loss) = loss {
+            super::report_loss(&self.config.slot, loss);
+        }
         Ok(Fence {
             generation,
             checked: std::sync::Mutex::new(Instant::now()),
