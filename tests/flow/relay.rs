@@ -428,16 +428,18 @@ async fn an_outage_longer_than_the_attempt_limit_kills_no_row() {
         },
         Arc::new(Notify::new()),
     );
-    let mut failed = 0;
+    let (mut failed, mut dead) = (0, 0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while failed < 3 {
+    while failed < 3 && dead == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the publishes never failed"
         );
-        failed += relay.relay_once().await.unwrap().failed;
+        let report = relay.relay_once().await.unwrap();
+        (failed, dead) = (failed + report.failed, dead + report.dead);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(dead, 0, "a row died of the outage");
     use sea_orm::EntityTrait;
     let row = entity::outbox_message::Entity::find()
         .one(&t.db)
