@@ -376,28 +376,7 @@ pub async fn record_window(
         rollup::add(&txn, Tally::Published, Utc::now(), published as u64).await?;
     }
     if moved {
-        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        txn.execute_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            // The row is there: the session made it when it took the slot.
-            // Once the recorded position has caught up with the slot's,
-            // every position the slot holds was recorded first: from then
-            // on a slot ahead of it was remade (`slot::prepare`).
-            "UPDATE wal_relay_position SET lsn = GREATEST(lsn, COALESCE($2, 0)), \
-                 txn_lsn = $3, txn_messages = $4, \
-                 recorded_generation = CASE WHEN GREATEST(lsn, COALESCE($2, 0)) >= COALESCE( \
-                     (SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
-                        FROM pg_replication_slots WHERE slot_name = $1), 0) \
-                   THEN generation ELSE recorded_generation END \
-             WHERE slot = $1",
-            [
-                slot.into(),
-                reached.end.into(),
-                reached.partial.map(|p| to_i64(p.commit)).into(),
-                reached.partial.map_or(0, |p| to_i64(p.messages)).into(),
-            ],
-        ))
-        .await?;
+        record_position(&txn, slot, reached).await?;
     }
     let rows = without_clashes(&txn, rows).await?;
     for chunk in rows.chunks(crate::outbox::ROWS_PER_INSERT) {
@@ -429,6 +408,38 @@ pub async fn record_window(
     }
     txn.commit().await?;
     Ok(true)
+}
+
+/// Moves `slot`'s durable position to what the window `reached`, in the
+/// window's record.
+async fn record_position(
+    txn: &sea_orm::DatabaseTransaction,
+    slot: &str,
+    reached: Reached,
+) -> Result<(), DbErr> {
+    let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    txn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        // The row is there: the session made it when it took the slot.
+        // Once the recorded position has caught up with the slot's,
+        // every position the slot holds was recorded first: from then
+        // on a slot ahead of it was remade (`slot::prepare`).
+        "UPDATE wal_relay_position SET lsn = GREATEST(lsn, COALESCE($2, 0)), \
+             txn_lsn = $3, txn_messages = $4, \
+             recorded_generation = CASE WHEN GREATEST(lsn, COALESCE($2, 0)) >= COALESCE( \
+                 (SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+                    FROM pg_replication_slots WHERE slot_name = $1), 0) \
+               THEN generation ELSE recorded_generation END \
+         WHERE slot = $1",
+        [
+            slot.into(),
+            reached.end.into(),
+            reached.partial.map(|p| to_i64(p.commit)).into(),
+            reached.partial.map_or(0, |p| to_i64(p.messages)).into(),
+        ],
+    ))
+    .await?;
+    Ok(())
 }
 
 /// The rows to hand to the table, less those whose message id a row

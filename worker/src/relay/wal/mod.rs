@@ -396,19 +396,7 @@ impl WalRelay {
         let stop = aside.child_token();
         // Whichever way the session ends, the reader stops and lets the slot go.
         let _stop_reader = stop.clone().drop_guard();
-        let (windows, mut next) = mpsc::channel(1);
-        let (confirm, confirms) = mpsc::unbounded_channel();
-        let reader = Reader {
-            client,
-            confirms,
-            silence: self.silence(),
-            db: self.db.clone(),
-            application: application.to_owned(),
-            size: self.config.window,
-            resume: position.partial,
-            open: None,
-        };
-        tokio::spawn(reader.run(windows, stop));
+        let (mut next, confirm) = self.start_reader(client, position, application, stop);
         self.warn_if_at_risk().await;
         let mut checked = std::time::Instant::now();
         let mut gate = gate::Gate::new(&self.config.slot, application);
@@ -455,6 +443,35 @@ impl WalRelay {
             update_lag_metrics(&window);
         }
         Ok(())
+    }
+
+    /// Starts the session's reader on `client` (until `stop`): the windows
+    /// it reads come out of the receiver, and positions sent back into the
+    /// sender are confirmed.
+    fn start_reader(
+        &self,
+        client: ReplicationClient,
+        position: service::wal::relay::Position,
+        application: &str,
+        stop: CancellationToken,
+    ) -> (
+        mpsc::Receiver<Result<Window, WalError>>,
+        mpsc::UnboundedSender<pgwire_replication::Lsn>,
+    ) {
+        let (windows, next) = mpsc::channel(1);
+        let (confirm, confirms) = mpsc::unbounded_channel();
+        let reader = Reader {
+            client,
+            confirms,
+            silence: self.silence(),
+            db: self.db.clone(),
+            application: application.to_owned(),
+            size: self.config.window,
+            resume: position.partial,
+            open: None,
+        };
+        tokio::spawn(reader.run(windows, stop));
+        (next, confirm)
     }
 
     /// The replication connection's settings for one session, and the
