@@ -360,7 +360,7 @@ async fn prepare_outbox_mode(
     // database in WAL mode, they would reorder a key's events.
     if !wal && roles.consume && db.get_database_backend() == sea_orm::DbBackend::Postgres {
         wait_out_database("checking the outbox mode", || {
-            service::wal::slot::check_table_mode(db)
+            service::wal::mode::check_table_mode(db)
         })
         .await?;
     }

@@ -324,7 +324,7 @@ impl Outbox {
             .map(row_of)
             .collect::<Result<Vec<_>, _>>()?;
         if txn.get_database_backend() == DbBackend::Postgres
-            && let Some(slot) = wal::slot::table_mode_guard(txn).await?
+            && let Some(slot) = wal::mode::table_mode_guard(txn).await?
         {
             return Err(OutboxError::InWalMode(slot));
         }

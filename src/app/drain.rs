@@ -37,46 +37,18 @@ pub async fn drain_wal_slot(
     let db = connect_db_waiting(&settings.database_url, pool, settings.sqlite()).await?;
     settings.settle_wal_slot(&db).await?;
     let slot = settings.wal_slot();
-    // Everything committed before now; nothing should come after. The
-    // insert position: with synchronous_commit = off a commit may not be
-    // written yet, and the write position would leave it out.
-    let target = db
-        .query_one_raw(Statement::from_string(
-            DbBackend::Postgres,
-            "SELECT pg_current_wal_insert_lsn()::text AS lsn",
-        ))
-        .await?
-        .context("reading the current WAL position")?
-        .try_get::<String>("", "lsn")?;
+    let target = insert_position(&db).await?;
     let build = Application::build(settings, Roles::RELAY, domain, db.clone(), None);
     let Some(app) = super::until_stopped(&stop, build).await? else {
         anyhow::bail!("stopped before slot {slot} was drained; it is left as it was");
     };
     let drained = stop.child_token();
-    let watch = {
-        let (db, slot, target, done) = (db.clone(), slot.clone(), target.clone(), drained.clone());
-        tokio::spawn(async move {
-            let caught_up = Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "SELECT count(*) AS n FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND confirmed_flush_lsn >= $2::pg_lsn",
-                [slot.into(), target.into()],
-            );
-            loop {
-                match count(&db, &caught_up).await {
-                    Ok(1) => {
-                        done.cancel();
-                        return;
-                    }
-                    Ok(_) => {}
-                    Err(err) => {
-                        tracing::warn!(error = %err, "could not read how far the slot is confirmed")
-                    }
-                }
-                tokio::time::sleep(POLL).await;
-            }
-        })
-    };
+    let watch = tokio::spawn(until_caught_up(
+        db.clone(),
+        slot.clone(),
+        target.clone(),
+        drained.clone(),
+    ));
     eprintln!("relaying WAL slot {slot} up to {target} before dropping it");
     // The relay's run ends on the drain's cancel (a child of the signal's).
     let stopped = app.run_until(drained.clone()).await;
@@ -104,6 +76,50 @@ pub async fn drain_wal_slot(
         if dropped { "dropped" } else { "there was no" }
     );
     Ok(())
+}
+
+/// Where the WAL is inserted now: everything committed before now is
+/// before it, and nothing should come after. The insert position, since
+/// with synchronous_commit = off a commit may not be written yet, and the
+/// write position would leave it out.
+async fn insert_position(db: &sea_orm::DatabaseConnection) -> Result<String> {
+    Ok(db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT pg_current_wal_insert_lsn()::text AS lsn",
+        ))
+        .await?
+        .context("reading the current WAL position")?
+        .try_get::<String>("", "lsn")?)
+}
+
+/// Cancels `done` once `slot` is confirmed up to `target`, asking every
+/// poll; a failed reading is logged and asked again.
+async fn until_caught_up(
+    db: sea_orm::DatabaseConnection,
+    slot: String,
+    target: String,
+    done: CancellationToken,
+) {
+    let caught_up = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT count(*) AS n FROM pg_replication_slots \
+         WHERE slot_name = $1 AND confirmed_flush_lsn >= $2::pg_lsn",
+        [slot.into(), target.into()],
+    );
+    loop {
+        match count(&db, &caught_up).await {
+            Ok(1) => {
+                done.cancel();
+                return;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "could not read how far the slot is confirmed")
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// The `n` a `SELECT count(*) AS n` statement answers.

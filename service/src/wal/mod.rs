@@ -6,6 +6,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, FromQueryResult, Statement};
 
+pub mod mode;
 pub mod relay;
 pub mod slot;
 

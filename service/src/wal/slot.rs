@@ -4,10 +4,7 @@
 
 use std::time::Duration;
 
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement,
-    TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement};
 
 /// Why the slot cannot be used, created or dropped.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +131,7 @@ impl std::fmt::Display for Lsn {
     }
 }
 
-async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
+pub(super) async fn one_text(db: &DatabaseConnection, sql: &str) -> Result<String, DbErr> {
     Ok(
         Setting::find_by_statement(Statement::from_string(DbBackend::Postgres, sql))
             .one(db)
@@ -177,7 +174,11 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
     if level != "logical" {
         return Err(SlotError::WalLevel(level));
     }
-    if let Some(other) = wal_slots(db).await?.into_iter().find(|s| s != slot) {
+    if let Some(other) = super::mode::wal_slots(db)
+        .await?
+        .into_iter()
+        .find(|s| s != slot)
+    {
         return Err(SlotError::OtherSlot {
             slot: slot.to_owned(),
             other,
@@ -193,45 +194,8 @@ pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotL
     wait_consistent(db, slot).await?;
     let loss = restarted(db, slot).await?.max(remade(db, slot).await?);
     check_slot(db, slot, &database).await?;
-    switch_to_wal_mode(db, slot).await?;
+    super::mode::switch_to_wal_mode(db, slot).await?;
     Ok(loss)
-}
-
-/// Puts the database in WAL mode: its row in `wal_relay_position` says
-/// which slot relays it (a session's position and generation go in it
-/// later). Written under [`MODE_LOCK`] taken exclusively, so it waits for
-/// every table-mode transaction that checked the mode before
-/// ([`table_mode_guard`]), and those after it see WAL mode.
-async fn switch_to_wal_mode(db: &DatabaseConnection, slot: &str) -> Result<(), DbErr> {
-    let switched = one_text(
-        db,
-        &format!("SELECT count(*)::text AS value FROM wal_relay_position WHERE slot = '{slot}'"),
-    )
-    .await?;
-    if switched != "0" {
-        return Ok(());
-    }
-    let txn = db.begin().await?;
-    // Queued behind a long table-mode transaction, the switch would hold
-    // every new table-mode writer behind it: it gives up after a while,
-    // and start-up tries again.
-    txn.execute_unprepared("SET LOCAL lock_timeout = '5s'")
-        .await?;
-    txn.execute_unprepared(&format!("SELECT pg_advisory_xact_lock({MODE_LOCK})"))
-        .await?;
-    // Its position is where the slot starts, checkable from the start
-    // (`recorded_generation` is the row's first generation, 0): a slot
-    // remade before any relay recorded a window is a loss too.
-    txn.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "INSERT INTO wal_relay_position (slot, lsn, recorded_generation) VALUES ($1, \
-           COALESCE((SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
-                       FROM pg_replication_slots WHERE slot_name = $1), 0), 0) \
-         ON CONFLICT (slot) DO NOTHING",
-        [slot.into()],
-    ))
-    .await?;
-    txn.commit().await
 }
 
 /// Refuses a server older than PostgreSQL 14 (`server_version_num`, e.g.
@@ -344,71 +308,6 @@ async fn check_slot(db: &DatabaseConnection, slot: &str, database: &str) -> Resu
     Ok(())
 }
 
-/// The slots relaying this database's outbox: those a WAL-mode process
-/// recorded (in `wal_relay_position`) that still exist. The database is in
-/// WAL mode while there is one; dropping the slot (`seawall relay
-/// --drop-slot`) ends it.
-///
-/// # Errors
-/// The database error.
-pub async fn wal_slots<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr> {
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            DbBackend::Postgres,
-            "SELECT p.slot AS value FROM wal_relay_position p \
-             JOIN pg_replication_slots s ON s.slot_name = p.slot \
-             WHERE s.database = current_database() ORDER BY p.slot",
-        ))
-        .await?;
-    rows.iter().map(|row| row.try_get("", "value")).collect()
-}
-
-/// The advisory lock that orders the switch to WAL mode after every
-/// table-mode transaction that checked the mode: table-mode writers hold it
-/// shared until they commit, and the switch takes it exclusively
-/// (advisory locks are the database's own, so this key is too).
-const MODE_LOCK: i64 = 0x005E_A3A1_10DE;
-
-/// Checks, inside a table-mode writer's transaction `txn`, that the
-/// database is not in WAL mode, and holds [`MODE_LOCK`] shared until `txn`
-/// ends: a switch to WAL mode (the first WAL-mode process's [`prepare`])
-/// waits for `txn` to commit, so no row written after the switch can be
-/// published ahead of a WAL event its key committed before it. Returns the
-/// slot relaying the database if it is in WAL mode. Under READ COMMITTED
-/// (the inbox's) it reads after the lock; a REPEATABLE READ transaction
-/// would read its first snapshot, so it must call this first.
-///
-/// # Errors
-/// The database error.
-pub async fn table_mode_guard<C: ConnectionTrait>(txn: &C) -> Result<Option<String>, DbErr> {
-    // The lock and the read are two queries of one function: a single
-    // query that waited for the lock would read with its snapshot from
-    // before the switch it waited for (see the migration that makes it).
-    let row = txn
-        .query_one_raw(Statement::from_string(
-            DbBackend::Postgres,
-            format!("SELECT fn_outbox_table_mode_guard({MODE_LOCK}) AS slot"),
-        ))
-        .await?;
-    match row {
-        Some(row) => row.try_get("", "slot"),
-        None => Ok(None),
-    }
-}
-
-/// Refuses a process that would write events to the table on a database in
-/// WAL mode ([`SlotError::InWalMode`]): the mode is the database's, so a
-/// rolling switch cannot have writers of both modes reorder a key.
-///
-/// # Errors
-/// [`SlotError::InWalMode`] naming the slot, or the database error.
-pub async fn check_table_mode(db: &DatabaseConnection) -> Result<(), SlotError> {
-    match wal_slots(db).await?.into_iter().next() {
-        Some(slot) => Err(SlotError::InWalMode(slot)),
-        None => Ok(()),
-    }
-}
-
 /// Creates the slot's publication when missing. It must exist before the
 /// slot does: pgoutput looks it up in the catalog as of each change it
 /// decodes, so a change committed between the slot's start and the
@@ -454,16 +353,21 @@ async fn restarted(db: &DatabaseConnection, slot: &str) -> Result<Option<SlotLos
             [slot.into()],
         ))
         .await?;
-    let lsn = |v: Option<i64>| Lsn(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0));
     let mut latest = None;
     for row in rows {
-        let loss = SlotLoss {
-            relayed_to: lsn(row.try_get("", "relayed_to")?),
-            restarted_at: lsn(row.try_get("", "restarted_at")?),
-        };
-        latest = latest.max(Some(loss));
+        latest = latest.max(Some(loss_of(&row)?));
     }
     Ok(latest)
+}
+
+/// The loss a `RETURNING relayed_to, restarted_at` row of `wal_slot_loss`
+/// names (a missing position reads as 0).
+fn loss_of(row: &sea_orm::QueryResult) -> Result<SlotLoss, DbErr> {
+    let lsn = |v: Option<i64>| Lsn(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0));
+    Ok(SlotLoss {
+        relayed_to: lsn(row.try_get("", "relayed_to")?),
+        restarted_at: lsn(row.try_get("", "restarted_at")?),
+    })
 }
 
 /// Finds a slot that was remade while it existed whenever seawall looked:
@@ -497,14 +401,7 @@ pub(crate) async fn remade<C: ConnectionTrait>(
             [slot.into()],
         ))
         .await?;
-    let lsn = |v: i64| Lsn(u64::try_from(v).unwrap_or(0));
-    row.map(|row| {
-        Ok(SlotLoss {
-            relayed_to: lsn(row.try_get("", "relayed_to")?),
-            restarted_at: lsn(row.try_get("", "restarted_at")?),
-        })
-    })
-    .transpose()
+    row.as_ref().map(loss_of).transpose()
 }
 
 /// How long start-up waits for another process's slot creation to finish.

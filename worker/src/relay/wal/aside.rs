@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{RESERVE_CHECK, WalRelay};
+use super::WalRelay;
+use super::slot::RESERVE_CHECK;
 
 /// Longest a relay that stepped aside waits before it tries again while a
 /// physical standby is synchronous (the setting unchanged): each try may

@@ -173,56 +173,12 @@ mod outage;
 mod publish;
 mod reader;
 mod record;
+mod slot;
 
 pub use connection::default_slot_name;
 pub use service::wal::slot::{SlotError, SlotLoss, drop_slot, valid_slot_name};
 
-/// Makes sure the slot can be read ([`service::wal::slot::prepare`]: made
-/// when missing, made again when PostgreSQL invalidated it) and reports a
-/// loss it found: an error naming the slot and the WAL range whose events
-/// were never relayed, and `seawall_wal_slot_recreated_total`. The loss is
-/// in `wal_slot_loss` too, which the `api` exports for the alert.
-///
-/// # Errors
-/// As [`service::wal::slot::prepare`].
-pub async fn prepare(db: &DatabaseConnection, slot: &str) -> Result<(), SlotError> {
-    if let Some(loss) = service::wal::slot::prepare(db, slot).await? {
-        report_loss(slot, loss);
-    }
-    Ok(())
-}
-
-/// Says that `slot` was lost and made again (by seawall or someone else):
-/// an error naming the WAL range whose events were never relayed, and
-/// `seawall_wal_slot_recreated_total`.
-fn report_loss(slot: &str, loss: SlotLoss) {
-    tracing::error!(
-        %slot,
-        relayed_to = %loss.relayed_to,
-        restarted_at = %loss.restarted_at,
-        "the WAL slot was gone (dropped, invalidated by max_slot_wal_keep_size, or made again by someone else) and a new one took its place: events committed between relayed_to and restarted_at were not relayed (recorded in wal_slot_loss)"
-    );
-    metrics::counter!("seawall_wal_slot_recreated_total").increment(1);
-}
-
-/// The slot a process without `wal_slot` uses on `db`: the one a release
-/// before this one named from `database_url`'s path alone, while it still
-/// relays this database (an existing slot keeps its name, and its
-/// position); else `None`, and [`default_slot_name`] applies.
-///
-/// # Errors
-/// The database error.
-pub async fn settled_slot(
-    db: &DatabaseConnection,
-    database_url: &str,
-) -> Result<Option<String>, sea_orm::DbErr> {
-    let legacy = service::wal::slot::legacy_slot_name(database_url);
-    if legacy == default_slot_name(database_url) {
-        return Ok(None);
-    }
-    let relayed = service::wal::slot::wal_slots(db).await?;
-    Ok(relayed.contains(&legacy).then_some(legacy))
-}
+pub use slot::{prepare, settled_slot};
 
 use connection::replication_config;
 use reader::{Reader, Window, ended};
@@ -403,7 +359,7 @@ impl WalRelay {
         // As often as PostgreSQL hears from a healthy relay at the least.
         let mut keepalive = reader::Keepalives::every(self.config.holder_timeout);
         loop {
-            if checked.elapsed() >= RESERVE_CHECK {
+            if checked.elapsed() >= slot::RESERVE_CHECK {
                 self.warn_if_at_risk().await;
                 checked = std::time::Instant::now();
             }
@@ -547,30 +503,6 @@ fn update_lag_metrics(window: &Window) {
         let commit_ms = commit / 1000 + 946_684_800_000;
         let lag = (Utc::now().timestamp_millis() - commit_ms).max(0);
         metrics::gauge!("seawall_wal_relay_lag_seconds").set(lag as f64 / 1000.0);
-    }
-}
-
-/// How often a relay holding the slot checks that PostgreSQL keeps the WAL
-/// the slot needs.
-const RESERVE_CHECK: Duration = Duration::from_secs(60);
-
-impl WalRelay {
-    /// Warns while the slot needs more WAL than `max_slot_wal_keep_size`
-    /// keeps (`wal_status = 'unreserved'`): the next checkpoint may remove
-    /// WAL not yet relayed, and the slot is lost. A failed check is only
-    /// logged: it must not end the session.
-    async fn warn_if_at_risk(&self) {
-        match service::wal::backlog(&self.db, &self.config.slot).await {
-            Ok(Some(backlog)) if backlog.at_risk() => tracing::warn!(
-                slot = %self.config.slot,
-                wal_status = backlog.wal_status.as_deref().unwrap_or(""),
-                retained_bytes = backlog.retained_bytes,
-                behind_bytes = backlog.behind_bytes,
-                "PostgreSQL keeps less WAL than the WAL slot needs (max_slot_wal_keep_size): if a checkpoint removes it, the events the relay has not read yet are lost",
-            ),
-            Ok(_) => {}
-            Err(err) => tracing::debug!(error = %err, "could not check the WAL slot's reserve"),
-        }
     }
 }
 

@@ -71,7 +71,7 @@ impl WalRelay {
         let (generation, loss) =
             service::wal::relay::take_over(&self.db, &self.config.slot).await?;
         if let Some(loss) = loss {
-            super::report_loss(&self.config.slot, loss);
+            super::slot::report_loss(&self.config.slot, loss);
         }
         Ok(Fence {
             generation,
