@@ -285,8 +285,10 @@ impl Outbox {
 
     /// Records many events in `txn`, in the order given, which is also their
     /// publishing order per ordering key: with multi-row inserts (one round
-    /// trip per [`ROWS_PER_INSERT`] events rather than one per event), or in
-    /// WAL mode as one logical message.
+    /// trip per [`ROWS_PER_INSERT`] events, or [`BYTES_PER_INSERT`], rather
+    /// than one per event), or in
+    /// WAL mode as one logical message (several of about
+    /// [`wal::MESSAGE_BYTES`] each when the events are larger).
     ///
     /// # Errors
     /// As [`Outbox::enqueue`]; on an error none of the events is recorded
@@ -315,8 +317,11 @@ impl Outbox {
             return Ok(());
         }
         if self.mode == OutboxMode::Wal {
-            let content = wal::encode(&events).map_err(|e| EventError::TooLong(e.to_string()))?;
-            wal::emit(txn, content).await?;
+            let contents = wal::encode_split(&events, wal::MESSAGE_BYTES)
+                .map_err(|e| EventError::TooLong(e.to_string()))?;
+            for content in contents {
+                wal::emit(txn, content).await?;
+            }
             return Ok(());
         }
         let rows = events
@@ -328,8 +333,8 @@ impl Outbox {
         {
             return Err(OutboxError::InWalMode(slot));
         }
-        for chunk in rows.chunks(ROWS_PER_INSERT) {
-            outbox_message::Entity::insert_many(chunk.to_vec())
+        for batch in insert_batches(rows) {
+            outbox_message::Entity::insert_many(batch)
                 .exec_without_returning(txn)
                 .await?;
         }
@@ -368,6 +373,36 @@ impl Cause {
 /// Rows per multi-row insert: 14 bind values each stay well below SQLite's
 /// 32,766 and PostgreSQL's 65,535 parameters per statement.
 pub const ROWS_PER_INSERT: usize = 1_000;
+
+/// Most payload bytes of one multi-row insert (past its first row): the
+/// statement's values are copied by sea-orm and again by the driver, so an
+/// insert of a thousand megabyte rows would hold gigabytes at once.
+pub const BYTES_PER_INSERT: usize = 4 << 20;
+
+/// `rows` as the multi-row inserts they go in, in order: at most
+/// [`ROWS_PER_INSERT`] rows and [`BYTES_PER_INSERT`] of payloads each (a
+/// larger row alone). The rows are moved, not copied.
+#[must_use]
+pub fn insert_batches(
+    rows: Vec<outbox_message::ActiveModel>,
+) -> Vec<Vec<outbox_message::ActiveModel>> {
+    let mut batches: Vec<Vec<outbox_message::ActiveModel>> = Vec::new();
+    let mut bytes = 0;
+    for row in rows {
+        let size = row.payload.try_as_ref().map_or(0, Vec::len);
+        match batches.last_mut() {
+            Some(batch) if batch.len() < ROWS_PER_INSERT && bytes + size <= BYTES_PER_INSERT => {
+                bytes += size;
+                batch.push(row);
+            }
+            _ => {
+                bytes = size;
+                batches.push(vec![row]);
+            }
+        }
+    }
+    batches
+}
 
 /// `event` checked and completed as it will be published: its correlation
 /// header, its trace context, and the message that caused it.
@@ -430,6 +465,34 @@ pub fn row_of(event: WalEvent) -> Result<outbox_message::ActiveModel, DbErr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inserts_are_bounded_in_rows_and_in_bytes() {
+        let row = |len: usize| outbox_message::ActiveModel {
+            payload: Set(vec![0; len]),
+            ..Default::default()
+        };
+        let sizes = |rows: Vec<outbox_message::ActiveModel>| -> Vec<usize> {
+            insert_batches(rows).iter().map(Vec::len).collect()
+        };
+        assert_eq!(
+            sizes((0..2_500).map(|_| row(10)).collect()),
+            [1_000, 1_000, 500]
+        );
+        let mib = 1 << 20;
+        // Four of 1 MiB fill an insert; one larger than the bound goes alone.
+        let rows = vec![
+            row(mib),
+            row(mib),
+            row(mib),
+            row(mib),
+            row(1),
+            row(5 * mib),
+            row(1),
+        ];
+        assert_eq!(sizes(rows), [4, 1, 1, 1]);
+        assert!(insert_batches(Vec::new()).is_empty());
+    }
 
     /// A table-mode writer on a database switched to WAL mode is not the
     /// message's fault: its delivery is held and tried again, never

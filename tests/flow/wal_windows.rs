@@ -14,9 +14,10 @@ use crate::helpers::{ledger_stream, stored_on, with_ledger_stream};
 use crate::support::domain::{LEDGER_STREAM, RECORDED_SUBJECT};
 use crate::support::nats::NatsServer;
 use crate::support::process::Seawall;
-use crate::support::{Backend, TestDb};
+use crate::support::{Backend, TestDb, pg_count};
 use crate::wal::{
-    WAL_DUPLICATE_WINDOW as DUPLICATE_WINDOW, commit_events, drop_slot, recorded, slot_of, wal_env,
+    WAL_DUPLICATE_WINDOW as DUPLICATE_WINDOW, commit_events, drop_slot, recorded, slot_of,
+    until_held, wal_env,
 };
 
 /// Messages in the ledger stream.
@@ -109,9 +110,9 @@ fn peak_rss_mib(pid: u32) -> u64 {
 const LARGE_EVENTS: usize = 6144;
 const LARGE_EVENT: usize = 64 << 10;
 /// What the relay may take while relaying it: the process itself (about
-/// 60 MiB in a debug build), three windows of 16 MiB, 256 buffered
-/// replication messages (16 MiB of these) and a window's publishes in the
-/// NATS client, with room for the allocator; well below the transaction
+/// 60 MiB in a debug build), three windows of 16 MiB, 16 MiB read ahead,
+/// 16 buffered replication messages and a window's publishes in the NATS
+/// client, with room for the allocator; well below the transaction
 /// (measured 150-164 MiB; 441 MiB without pieces).
 const LARGE_RSS_BOUND_MIB: u64 = 256;
 
@@ -151,6 +152,70 @@ async fn a_transaction_larger_than_memory_should_hold_goes_in_pieces() {
         "the relay's peak RSS was {peak} MiB relaying a 384 MiB transaction"
     );
     assert_eq!(stream_messages(&js).await, LARGE_EVENTS as u64);
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// Events of [`SLOT_EVENT`] bytes per `enqueue_all` in the slot test: a
+/// 32 MiB call, which the relay once read as one replication message.
+const SLOT_EVENTS_PER_CALL: usize = 32;
+/// Just under nats-server's default payload limit.
+const SLOT_EVENT: usize = 1020 << 10;
+
+/// Megabyte events, 32 to an `enqueue_all` and one call to a transaction,
+/// wait in the slot while NATS is down (384 MiB by default;
+/// `SEAWALL_TEST_SLOT_MIB` sets more): the relay holds its window, then
+/// hands the windows to the table past `WAL_HANDOFF_MS` (3 s;
+/// `SEAWALL_TEST_SLOT_HANDOFF_MS` sets it), reading the whole slot through. Its peak memory stays within [`LARGE_RSS_BOUND_MIB`]:
+/// each call is written as messages of 1 MiB and the read-ahead is bounded
+/// in bytes. Without the split, 16 buffered messages are 512 MiB; with 256
+/// buffered messages of 1 MiB, as before, 256 MiB on their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_of_megabyte_events_waits_in_bounded_memory_while_nats_is_down() {
+    let mib: usize = std::env::var("SEAWALL_TEST_SLOT_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(384);
+    // A hand-over later than the writes take leaves all of them waiting
+    // in the slot first (for the figure; the bound holds either way).
+    let handoff = std::env::var("SEAWALL_TEST_SLOT_HANDOFF_MS").unwrap_or_else(|_| "3000".into());
+    let calls = (mib << 20).div_ceil(SLOT_EVENTS_PER_CALL * SLOT_EVENT);
+    let (t, mut nats, _js) = with_ledger_stream(Backend::Postgres).await;
+    let env = wal_env(&t, &nats.url(), &[("SEAWALL_WAL_HANDOFF_MS", &handoff)]);
+    let mut relay = Seawall::spawn(&["relay"], &env);
+    until_held(&relay, &t, Duration::from_secs(60)).await;
+    nats.stop();
+    let outbox = service::Outbox::new(service::OutboxMode::Wal);
+    for c in 0..calls {
+        let events = (0..SLOT_EVENTS_PER_CALL).map(|i| {
+            let n = c * SLOT_EVENTS_PER_CALL + i;
+            service::NewEvent::new(RECORDED_SUBJECT, vec![(n % 251) as u8; SLOT_EVENT])
+                .with_message_id(format!("slot-{n}"))
+        });
+        let txn = sea_orm::TransactionTrait::begin(&t.db).await.unwrap();
+        outbox.enqueue_all(&txn, events).await.unwrap();
+        txn.commit().await.unwrap();
+    }
+    let waiting = service::wal::backlog(&t.db, &slot_of(&t))
+        .await
+        .unwrap()
+        .map_or(0, |b| b.behind_bytes >> 20);
+    println!("the slot is {waiting} MiB behind once the writes end");
+    let all = (calls * SLOT_EVENTS_PER_CALL) as i64;
+    until(
+        &relay,
+        "every event handed to the table",
+        Duration::from_secs(900),
+        || async { pg_count(&t.db, "SELECT count(*) FROM outbox_message").await == all },
+    )
+    .await;
+    let peak = peak_rss_mib(relay.pid());
+    println!("relay peak RSS with {mib} MiB of 1 MiB events in the slot and NATS down: {peak} MiB");
+    assert!(
+        peak <= LARGE_RSS_BOUND_MIB,
+        "the relay's peak RSS was {peak} MiB with {mib} MiB in the slot"
+    );
     assert!(relay.terminate().await.success(), "{}", relay.log_text());
     relay.assert_no_panic();
     drop_slot(&t);

@@ -11,7 +11,8 @@
 //! # Encoding, version 1
 //!
 //! One logical message carries the events of one `enqueue`/`enqueue_all`
-//! call. Integers are big-endian; `str16` is a `u16` byte length and UTF-8
+//! call, or a part of them in order when they are more than
+//! [`MESSAGE_BYTES`]. Integers are big-endian; `str16` is a `u16` byte length and UTF-8
 //! bytes, `bytes32` a `u32` length and the bytes, `opt` a `u8` (0 absent,
 //! 1 present) followed by the value when present.
 //!
@@ -119,16 +120,61 @@ fn put_opt(out: &mut Vec<u8>, field: &'static str, s: Option<&str>) -> Result<()
     }
 }
 
+/// Most content bytes a logical message carries when it holds more than
+/// one event. The relay reads a message whole (one replication message,
+/// one frame), so this bounds what each message it buffers takes: a
+/// megabyte-event `enqueue_all` of a gigabyte would otherwise be a
+/// gigabyte in one piece.
+pub const MESSAGE_BYTES: usize = 1 << 20;
+
+/// The bytes `encode` writes for `e` (a message adds 5 of its own).
+fn encoded_size(e: &WalEvent) -> usize {
+    let opt = |s: &Option<String>| 1 + s.as_ref().map_or(0, |s| 2 + s.len());
+    let headers: usize = e.headers.iter().map(|(n, v)| 6 + n.len() + v.len()).sum();
+    2 + e.message_id.len()
+        + 2
+        + e.subject.len()
+        + opt(&e.ordering_key)
+        + 2
+        + headers
+        + 4
+        + e.payload.len()
+        + opt(&e.causation_id)
+        + opt(&e.causation_consumer)
+        + opt(&e.correlation_id)
+        + 8
+}
+
+/// Encodes `events` as the contents of as few logical messages as keep
+/// each within `max` bytes, in order (an event larger than `max` alone in
+/// its message): see [`MESSAGE_BYTES`].
+///
+/// # Errors
+/// As [`encode`].
+pub fn encode_split(events: &[WalEvent], max: usize) -> Result<Vec<Vec<u8>>, TooLong> {
+    let mut contents = Vec::new();
+    let (mut start, mut bytes) = (0, 5);
+    for (i, e) in events.iter().enumerate() {
+        let size = encoded_size(e);
+        if i > start && bytes + size > max {
+            contents.push(encode(&events[start..i])?);
+            (start, bytes) = (i, 5);
+        }
+        bytes += size;
+    }
+    if start < events.len() {
+        contents.push(encode(&events[start..])?);
+    }
+    Ok(contents)
+}
+
 /// Encodes `events` as one logical message's content.
 ///
 /// # Errors
 /// [`TooLong`] for a field longer than its length prefix (a subject over
 /// 64 KiB, a payload over 4 GiB).
 pub fn encode(events: &[WalEvent]) -> Result<Vec<u8>, TooLong> {
-    let size: usize = events
-        .iter()
-        .map(|e| 64 + e.message_id.len() + e.subject.len() + e.payload.len())
-        .sum();
+    let size: usize = 5 + events.iter().map(encoded_size).sum::<usize>();
     let mut out = Vec::with_capacity(size);
     out.push(VERSION);
     let count = u32::try_from(events.len()).map_err(|_| TooLong {
@@ -297,6 +343,58 @@ mod tests {
         ];
         assert_eq!(decode(&encode(&events).unwrap().into()).unwrap(), events);
         assert_eq!(decode(&encode(&[]).unwrap().into()).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn an_events_size_is_what_encode_writes() {
+        let bare = WalEvent {
+            ordering_key: None,
+            headers: BTreeMap::new(),
+            causation_id: None,
+            ..event("b")
+        };
+        for e in [event("a"), bare] {
+            assert_eq!(
+                encode(std::slice::from_ref(&e)).unwrap().len(),
+                5 + encoded_size(&e)
+            );
+        }
+    }
+
+    #[test]
+    fn many_events_split_into_messages_within_the_bound() {
+        let big = WalEvent {
+            payload: Bytes::from(vec![7; 300]),
+            ..event("big")
+        };
+        let events: Vec<_> = (0..10)
+            .map(|i| WalEvent {
+                message_id: format!("e-{i:02}"),
+                ..event("x")
+            })
+            .chain([big.clone()])
+            .chain((10..13).map(|i| WalEvent {
+                message_id: format!("e-{i:02}"),
+                ..event("x")
+            }))
+            .collect();
+        let max = 5 + 3 * encoded_size(&events[0]);
+        let contents = encode_split(&events, max).unwrap();
+        // Three to a message; the big one alone, over the bound.
+        let counts: Vec<usize> = contents
+            .iter()
+            .map(|c| decode(&c.clone().into()).unwrap().len())
+            .collect();
+        assert_eq!(counts, [3, 3, 3, 1, 1, 3]);
+        for c in &contents {
+            assert!(c.len() <= max || decode(&c.clone().into()).unwrap() == [big.clone()]);
+        }
+        let back: Vec<WalEvent> = contents
+            .iter()
+            .flat_map(|c| decode(&c.clone().into()).unwrap())
+            .collect();
+        assert_eq!(back, events);
+        assert!(encode_split(&[], max).unwrap().is_empty());
     }
 
     #[test]

@@ -32,10 +32,14 @@ pub struct Batch {
     hold: Hold,
     /// The rows, in id order.
     pub rows: Vec<outbox_message::Model>,
+    /// Whether publishable rows were left out for their bytes
+    /// ([`store::BATCH_BYTES`]): the next round is due at once.
+    pub cut: bool,
 }
 
 impl Batch {
-    /// Takes up to `limit` publishable rows. `owner` names the lease where
+    /// Takes up to `limit` publishable rows, at most
+    /// [`store::BATCH_BYTES`] of payloads of them. `owner` names the lease where
     /// the backend needs one (unique per round, so rounds side by side never
     /// touch each other's rows).
     pub async fn take(
@@ -45,20 +49,22 @@ impl Batch {
         limit: u64,
     ) -> Result<Self, DbErr> {
         if db.get_database_backend() == DbBackend::Sqlite {
-            let rows = store::claim(db, &owner, lease, limit).await?;
+            let taken = store::claim(db, &owner, lease, limit).await?;
             return Ok(Self {
                 hold: Hold::Lease {
                     db: db.clone(),
                     owner,
                 },
-                rows,
+                rows: taken.rows,
+                cut: taken.cut,
             });
         }
         let txn = db.begin().await?;
-        let rows = store::lock(&txn, limit).await?;
+        let taken = store::lock(&txn, limit).await?;
         Ok(Self {
             hold: Hold::RowLocks(txn),
-            rows,
+            rows: taken.rows,
+            cut: taken.cut,
         })
     }
 

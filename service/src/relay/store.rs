@@ -76,36 +76,104 @@ fn blocked_head(now: DateTime<Utc>) -> SelectStatement {
         .to_owned()
 }
 
-/// Locks up to `limit` publishable rows in `txn` (`FOR UPDATE SKIP LOCKED`)
-/// and returns them whole; they stay this relay's until `txn` ends.
-///
-/// The same ordering-key rule as [`claim`] applies; rows it drops stay locked
-/// until `txn` ends, which only delays them behind their key's earlier row.
-pub async fn lock(
-    txn: &DatabaseTransaction,
+/// Most payload bytes one batch loads: a batch is counted in rows, and 500
+/// rows of megabyte events would be half a gigabyte in one relay's memory
+/// (a WAL relay handing a NATS outage to the table writes such rows by the
+/// thousand). At least one row is taken, whatever its size.
+pub const BATCH_BYTES: i64 = 16 << 20;
+
+/// A candidate row: its id, ordering key and payload size.
+type Candidate = (i64, Option<String>, i64);
+
+/// The publishable rows' ids, keys and payload sizes (as a signed 64-bit
+/// integer on each backend), up to `limit`. PostgreSQL reads a toasted
+/// value's size from its header, without reading the value.
+fn candidates(
+    backend: DbBackend,
+    now: DateTime<Utc>,
     limit: u64,
-) -> Result<Vec<outbox_message::Model>, DbErr> {
-    let rows = publishable(Utc::now(), limit)
-        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-        .all(txn)
-        .await?;
-    if rows.iter().all(|r| r.ordering_key.is_none()) {
-        return Ok(rows);
-    }
-    let candidates = rows
-        .iter()
-        .map(|r| (r.id, r.ordering_key.clone()))
-        .collect();
-    let keep: HashSet<i64> = keep_key_prefixes(txn, candidates)
-        .await?
-        .into_iter()
-        .collect();
-    Ok(rows.into_iter().filter(|r| keep.contains(&r.id)).collect())
+) -> Select<outbox_message::Entity> {
+    let size = match backend {
+        DbBackend::Postgres => "octet_length(payload)::int8",
+        DbBackend::MySql => "CAST(LENGTH(payload) AS SIGNED)",
+        _ => "length(payload)",
+    };
+    publishable(now, limit)
+        .select_only()
+        .column(Column::Id)
+        .column(Column::OrderingKey)
+        .expr(Expr::cust(size))
 }
 
-/// Claims up to `limit` publishable rows for `me` until `now + lease` (SQLite,
-/// where `BEGIN IMMEDIATE` serialises claimers; the other backends lock rows
-/// with [`lock`] instead).
+/// The candidates that fit in [`BATCH_BYTES`], from the first (which always
+/// does); whether some were left out. A prefix in id order: a key's rows
+/// stay an unbroken prefix of its key.
+fn fit(candidates: Vec<Candidate>) -> (Vec<(i64, Option<String>)>, bool) {
+    let mut bytes = 0i64;
+    let mut fitting = Vec::with_capacity(candidates.len());
+    let total = candidates.len();
+    for (id, key, size) in candidates {
+        bytes = bytes.saturating_add(size);
+        if !fitting.is_empty() && bytes > BATCH_BYTES {
+            break;
+        }
+        fitting.push((id, key));
+    }
+    let cut = fitting.len() < total;
+    (fitting, cut)
+}
+
+/// The rows a relay round took, and whether it left publishable rows out
+/// for their bytes (the next round is then due at once, as after a full
+/// batch).
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The rows, whole, in id order.
+    pub rows: Vec<outbox_message::Model>,
+    /// Whether [`BATCH_BYTES`] cut the batch short.
+    pub cut: bool,
+}
+
+/// Locks up to `limit` publishable rows in `txn` (`FOR UPDATE SKIP LOCKED`),
+/// at most [`BATCH_BYTES`] of payloads of them, and returns them whole;
+/// they stay this relay's until `txn` ends.
+///
+/// The same ordering-key rule as [`claim`] applies; rows it drops (and
+/// those past the byte bound) stay locked until `txn` ends, which only
+/// delays them to the next round.
+pub async fn lock(txn: &DatabaseTransaction, limit: u64) -> Result<Taken, DbErr> {
+    let locked: Vec<Candidate> = candidates(txn.get_database_backend(), Utc::now(), limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .into_tuple()
+        .all(txn)
+        .await?;
+    let (fitting, cut) = fit(locked);
+    let ids = keep_key_prefixes(txn, fitting).await?;
+    let rows = whole(txn, ids, None).await?;
+    Ok(Taken { rows, cut })
+}
+
+/// The rows `ids` whole, in id order (those `owner` holds by lease, when
+/// given).
+async fn whole<C: ConnectionTrait>(
+    conn: &C,
+    ids: Vec<i64>,
+    owner: Option<&str>,
+) -> Result<Vec<outbox_message::Model>, DbErr> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    outbox_message::Entity::find()
+        .filter(Column::Id.is_in(ids))
+        .filter(held_by(owner))
+        .order_by_asc(Column::Id)
+        .all(conn)
+        .await
+}
+
+/// Claims up to `limit` publishable rows for `me` until `now + lease`, at
+/// most [`BATCH_BYTES`] of payloads of them (SQLite, where `BEGIN IMMEDIATE`
+/// serialises claimers; the other backends lock rows with [`lock`] instead).
 ///
 /// A row with an ordering key is only claimed together with every earlier
 /// unpublished row of its key, so a key's rows are never in flight from two
@@ -116,20 +184,18 @@ pub async fn claim(
     me: &str,
     lease: Duration,
     limit: u64,
-) -> Result<Vec<outbox_message::Model>, DbErr> {
+) -> Result<Taken, DbErr> {
     let now = Utc::now();
     let txn = db.begin_with_options(crate::db::BEGIN_IMMEDIATE).await?;
-    let candidates: Vec<(i64, Option<String>)> = publishable(now, limit)
-        .select_only()
-        .column(Column::Id)
-        .column(Column::OrderingKey)
-        .into_tuple()
-        .all(&txn)
-        .await?;
-    let ids = keep_key_prefixes(&txn, candidates).await?;
+    let sized = candidates(DbBackend::Sqlite, now, limit);
+    let (fitting, cut) = fit(sized.into_tuple().all(&txn).await?);
+    let ids = keep_key_prefixes(&txn, fitting).await?;
     if ids.is_empty() {
         txn.commit().await?;
-        return Ok(Vec::new());
+        return Ok(Taken {
+            rows: Vec::new(),
+            cut,
+        });
     }
     outbox_message::Entity::update_many()
         .col_expr(Column::LockedBy, Expr::value(me))
@@ -138,12 +204,8 @@ pub async fn claim(
         .exec(&txn)
         .await?;
     txn.commit().await?;
-    outbox_message::Entity::find()
-        .filter(Column::Id.is_in(ids))
-        .filter(Column::LockedBy.eq(me))
-        .order_by_asc(Column::Id)
-        .all(db)
-        .await
+    let rows = whole(db, ids, Some(me)).await?;
+    Ok(Taken { rows, cut })
 }
 
 /// Drops keyed candidates that do not form an unbroken prefix of their key's

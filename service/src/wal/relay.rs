@@ -379,8 +379,8 @@ pub async fn record_window(
         record_position(&txn, slot, reached).await?;
     }
     let rows = without_clashes(&txn, rows).await?;
-    for chunk in rows.chunks(crate::outbox::ROWS_PER_INSERT) {
-        outbox_message::Entity::insert_many(chunk.to_vec())
+    for batch in crate::outbox::insert_batches(rows) {
+        outbox_message::Entity::insert_many(batch)
             .on_conflict(
                 OnConflict::column(outbox_message::Column::MessageId)
                     .do_nothing()

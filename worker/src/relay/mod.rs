@@ -100,6 +100,9 @@ pub struct RelayReport {
     pub failed: usize,
     /// Rows that reached the attempt limit in this round.
     pub dead: usize,
+    /// Whether the round left publishable rows out for their bytes
+    /// (`service::relay::store::BATCH_BYTES`): the next one is due at once.
+    pub cut: bool,
 }
 
 /// Errors that stop a relay round (publish failures are per row, not errors).
@@ -109,6 +112,14 @@ pub enum RelayError {
     /// The database failed.
     #[error("outbox relay database error: {0}")]
     Database(#[from] DbErr),
+}
+
+/// Whether the NATS client is connected now. What is published while it
+/// is not stays in the client's buffer, unbounded by anything seawall
+/// counts (megabyte events by the hundred during an outage), and goes out
+/// on reconnect: the relays publish nothing meanwhile.
+pub(crate) fn connected(js: &jetstream::Context) -> bool {
+    js.client().connection_state() == async_nats::connection::State::Connected
 }
 
 /// Publishes outbox rows to JetStream.
@@ -158,6 +169,12 @@ impl Relay {
         let round = self
             .rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if !connected(&self.js) {
+            // Waits for NATS: see `connected`. No row is taken, so none
+            // spends an attempt on the outage.
+            tracing::debug!("NATS is unreachable: the relay round takes no rows");
+            return Ok(RelayReport::default());
+        }
         let owner = format!("{}#{round}", self.config.instance);
         let mut batch =
             Batch::take(&self.db, owner, self.config.lease, self.config.batch_size).await?;
@@ -165,6 +182,7 @@ impl Relay {
         let claimed_in = started.elapsed();
         let mut report = RelayReport {
             claimed: rows.len(),
+            cut: batch.cut,
             ..RelayReport::default()
         };
         let published = self.publish(rows, started + self.config.lease).await;
@@ -226,9 +244,9 @@ impl Relay {
     ) -> Result<Vec<i64>, RelayError> {
         let mut published = Vec::new();
         let mut unpublished = Vec::new();
-        // A failure while NATS is unreachable spends no attempt.
-        let counted =
-            self.js.client().connection_state() == async_nats::connection::State::Connected;
+        // A failure while NATS is unreachable (it went during the round)
+        // spends no attempt.
+        let counted = connected(&self.js);
         for chain in chains {
             published.extend(chain.published);
             unpublished.extend(chain.skipped);
@@ -339,7 +357,7 @@ impl Relay {
                     if report.claimed > 0 {
                         tracing::debug!(?report, "relay round");
                     }
-                    report.claimed as u64 >= self.config.batch_size
+                    report.cut || report.claimed as u64 >= self.config.batch_size
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "relay round failed; retrying after the poll interval");

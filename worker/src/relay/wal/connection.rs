@@ -18,9 +18,6 @@ use pgwire_replication::{ReplicationConfig, TlsConfig};
 
 use super::WalError;
 
-/// Replication messages buffered between the stream and the reader.
-const BUFFERED_MESSAGES: usize = 256;
-
 /// The replication connection's settings, from `database_url` and the
 /// process's environment.
 pub(super) fn replication_config(
@@ -122,14 +119,9 @@ fn connection(url: &str, slot: &str, env: Env<'_>) -> Result<ReplicationConfig, 
         .with_tls(tls)
         .with_status_interval(Duration::from_secs(1))
         .with_wakeup_interval(Duration::from_secs(1))
-        // Decoded messages waiting for the reader: each may be as large as
-        // one `enqueue_all`, so the buffer is counted in few of them (the
-        // library's default of 8,192 would hold half a gigabyte of 64 KiB
-        // events). It costs throughput with small events (0.43x the plain
-        // publisher at 4 KiB against 0.57x with 1,024 and 0.78x with
-        // 8,192), and 1,024 let the relay's peak memory vary past 256 MiB
-        // under load: a buffer bounded in bytes is the way to both.
-        .with_buffer_size(BUFFERED_MESSAGES)
+        // Few: the read-ahead is bounded in bytes past the library
+        // (`super::ahead`), not in messages.
+        .with_buffer_size(super::ahead::LIBRARY_MESSAGES)
         .with_application_name(format!("seawall-relay {}", std::process::id()));
     if let Some(options) = sources.setting("options", None, "PGOPTIONS") {
         config = config.with_options(options);

@@ -166,6 +166,7 @@ pub enum WalError {
     Silent(Duration),
 }
 
+mod ahead;
 mod aside;
 mod connection;
 mod gate;
@@ -417,8 +418,7 @@ impl WalRelay {
         let (windows, next) = mpsc::channel(1);
         let (confirm, confirms) = mpsc::unbounded_channel();
         let reader = Reader {
-            client,
-            confirms,
+            ahead: ahead::start(client, confirms, stop.clone()),
             silence: self.silence(),
             db: self.db.clone(),
             application: application.to_owned(),

@@ -48,8 +48,7 @@ impl Outage {
     /// connection that keeps coming up and failing must not restart the
     /// clock each time.
     pub(super) fn handing_off(&self, js: &jetstream::Context) -> bool {
-        let connected = js.client().connection_state() == async_nats::connection::State::Connected;
-        !connected && *self.told.lock().unwrap_or_else(|e| e.into_inner())
+        !crate::relay::connected(js) && *self.told.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// JetStream acknowledged a publish: the next outage starts from

@@ -122,6 +122,15 @@ impl WalRelay {
                 // `Outage`), so the slot moves on.
                 return self.rows(events, Vec::new());
             }
+            if !crate::relay::connected(&self.js) && !cancel.is_cancelled() {
+                // Not sent into the client's buffer (see
+                // `crate::relay::connected`): waited out, or handed over.
+                if self.outage.lasted_past(self.config.handoff_after) {
+                    return self.rows(events, Vec::new());
+                }
+                self.wait_for_nats(&mut attempt, cancel).await;
+                continue;
+            }
             let held = service::wal::relay::held_keys(&self.db, &events).await?;
             let (mut left, chains) = split(events, &held);
             let mut refused = Vec::new();
@@ -141,34 +150,23 @@ impl WalRelay {
             if let Some(err) = fenced {
                 return Err(err);
             }
-            let connected =
-                self.js.client().connection_state() == async_nats::connection::State::Connected;
             if cancel.is_cancelled() && *published == 0 {
                 // Nothing of it is out: the next session reads it again.
                 return Err(WalError::Stopped);
             }
-            if !refused.is_empty() && !connected && !cancel.is_cancelled() {
+            if !refused.is_empty() && !crate::relay::connected(&self.js) && !cancel.is_cancelled() {
                 if self.outage.lasted_past(self.config.handoff_after) {
                     return self.rows(left, refused);
                 }
-                attempt = attempt.saturating_add(1);
-                let wait = service::Backoff::new(self.config.retry_base, self.config.retry_max)
-                    .delay(attempt);
-                tracing::warn!(
-                    ?wait,
-                    "NATS is unreachable; the WAL window's unacknowledged events go again"
-                );
-                tokio::select! {
-                    // Stopping: what is left goes to the table below.
-                    () = cancel.cancelled() => {}
-                    () = tokio::time::sleep(wait) => {
-                        events = left;
-                        for (event, _, rest) in refused {
-                            events.push(event);
-                            events.extend(rest);
-                        }
-                        continue;
+                // Stopping during the wait: what is left goes to the table
+                // below.
+                if self.wait_for_nats(&mut attempt, cancel).await {
+                    events = left;
+                    for (event, _, rest) in refused {
+                        events.push(event);
+                        events.extend(rest);
                     }
+                    continue;
                 }
             }
             if cancel.is_cancelled() && !(left.is_empty() && refused.is_empty()) {
@@ -178,6 +176,22 @@ impl WalRelay {
                 );
             }
             return self.rows(left, refused);
+        }
+    }
+
+    /// Backs off before the window's next try while NATS is unreachable;
+    /// `false` when the relay began stopping instead.
+    async fn wait_for_nats(&self, attempt: &mut u32, cancel: &CancellationToken) -> bool {
+        *attempt = attempt.saturating_add(1);
+        let wait =
+            service::Backoff::new(self.config.retry_base, self.config.retry_max).delay(*attempt);
+        tracing::warn!(
+            ?wait,
+            "NATS is unreachable; the WAL window's unacknowledged events go again"
+        );
+        tokio::select! {
+            () = cancel.cancelled() => false,
+            () = tokio::time::sleep(wait) => true,
         }
     }
 

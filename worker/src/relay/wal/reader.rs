@@ -3,13 +3,14 @@
 
 use std::time::Duration;
 
-use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+use pgwire_replication::{Lsn, PgWireError, ReplicationEvent};
 use service::wal::relay::Partial;
 use service::wal::{self, WalEvent};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::WalError;
+use super::ahead::{Ahead, Queued};
 
 /// Most payload bytes a window holds: with big events it goes sooner, so a
 /// window of megabyte events does not hold gigabytes. A transaction larger
@@ -122,11 +123,11 @@ pub(super) fn ended() -> WalError {
     WalError::Replication(PgWireError::Protocol("the replication stream ended".into()))
 }
 
-/// Reads windows from the slot for a session, and confirms the positions
-/// the session sends back once their windows are published.
+/// Reads windows from the slot for a session, from the messages
+/// [`super::ahead`] reads ahead (which also confirms the positions the
+/// session sends back once their windows are published).
 pub(super) struct Reader {
-    pub(super) client: ReplicationClient,
-    pub(super) confirms: mpsc::UnboundedReceiver<Lsn>,
+    pub(super) ahead: mpsc::UnboundedReceiver<Queued>,
     /// How long the stream may stay silent while the reader waits on it
     /// before the reader asks whether the server still streams to it
     /// ([`WalError::Silent`] when not).
@@ -144,7 +145,8 @@ pub(super) struct Reader {
 
 impl Reader {
     /// Sends windows until `stop` fires, the session goes, or the stream
-    /// fails (the error is the last thing sent); then lets the slot go.
+    /// fails (the error is the last thing sent); the pump then lets the
+    /// slot go.
     pub(super) async fn run(
         mut self,
         windows: mpsc::Sender<Result<Window, WalError>>,
@@ -160,25 +162,20 @@ impl Reader {
                 break;
             }
         }
-        self.client.stop();
     }
 
-    /// The next event, confirming positions while it waits (both receives
-    /// are cancel-safe). `linger` bounds the wait: `None` once it passes.
-    /// Without one, the wait is checked every silence: PostgreSQL sends
-    /// nothing to a relay that keeps confirming while there is nothing to
-    /// send, or while its walsender reads through a long stretch of other
-    /// WAL, but then the pool sees that walsender; when it does not (or
-    /// cannot answer), the server is gone or the connection is.
-    async fn next(
-        &mut self,
-        linger: Option<Duration>,
-    ) -> Result<Option<ReplicationEvent>, WalError> {
+    /// The next message (the receive is cancel-safe). `linger` bounds the
+    /// wait: `None` once it passes. Without one, the wait is checked every
+    /// silence: PostgreSQL sends nothing to a relay that keeps confirming
+    /// while there is nothing to send, or while its walsender reads through
+    /// a long stretch of other WAL, but then the pool sees that walsender;
+    /// when it does not (or cannot answer), the server is gone or the
+    /// connection is.
+    async fn next(&mut self, linger: Option<Duration>) -> Result<Option<Ahead>, WalError> {
         let mut deadline = tokio::time::Instant::now() + linger.unwrap_or(self.silence);
         loop {
             tokio::select! {
-                event = self.client.recv() => return Ok(Some(event?.ok_or_else(ended)?)),
-                Some(lsn) = self.confirms.recv() => self.client.update_applied_lsn(lsn),
+                ahead = self.ahead.recv() => return Ok(Some(ahead.ok_or_else(ended)??)),
                 () = tokio::time::sleep_until(deadline) => {
                     if linger.is_some() {
                         return Ok(None);
@@ -221,10 +218,11 @@ impl Reader {
             // Under load the stream delivers in small chunks; waiting a
             // moment for the next one fills the window, so the wait for the
             // window's last PubAck is paid per window, not per chunk.
-            let Some(event) = self.next((!waiting).then_some(LINGER)).await? else {
+            let Some(ahead) = self.next((!waiting).then_some(LINGER)).await? else {
                 return Ok(window);
             };
-            match event {
+            // Its share of the read-ahead goes back once it is in the window.
+            match ahead.event {
                 ReplicationEvent::Begin {
                     final_lsn,
                     commit_time_micros,
