@@ -221,6 +221,63 @@ async fn a_slot_of_megabyte_events_waits_in_bounded_memory_while_nats_is_down() 
     drop_slot(&t);
 }
 
+/// Tries of a window during an outage the next test waits for.
+const OUTAGE_TRIES: usize = 30;
+
+/// A window of 16 MiB waits out a NATS outage shorter than the hand-over,
+/// tried again every 50 ms: nothing of it goes into the disconnected
+/// client, whose buffer would keep each try's 16 MiB until it reconnects
+/// (480 MiB after [`OUTAGE_TRIES`] tries); once NATS is back the window is
+/// published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_window_waiting_out_an_outage_sends_nothing_into_the_disconnected_client() {
+    let (t, mut nats, _js) = with_ledger_stream(Backend::Postgres).await;
+    let env = wal_env(
+        &t,
+        &nats.url(),
+        &[
+            ("SEAWALL_WAL_HANDOFF_MS", "3600000"),
+            ("SEAWALL_RELAY_RETRY_MAX_MS", "50"),
+        ],
+    );
+    let mut relay = Seawall::spawn(&["relay"], &env);
+    until_held(&relay, &t, Duration::from_secs(60)).await;
+    nats.stop();
+    let ids: Vec<String> = (0..16).map(|i| format!("waiting-{i}")).collect();
+    let outbox = service::Outbox::new(service::OutboxMode::Wal);
+    let txn = sea_orm::TransactionTrait::begin(&t.db).await.unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let event = service::NewEvent::new(RECORDED_SUBJECT, vec![i as u8; SLOT_EVENT])
+            .with_message_id(id.clone());
+        outbox.enqueue(&txn, event).await.unwrap();
+    }
+    txn.commit().await.unwrap();
+    until(
+        &relay,
+        "the window tried again and again",
+        Duration::from_secs(600),
+        || async {
+            relay
+                .log_text()
+                .matches("the WAL window's unacknowledged events go again")
+                .count()
+                >= OUTAGE_TRIES
+        },
+    )
+    .await;
+    let peak = peak_rss_mib(relay.pid());
+    assert!(
+        peak <= LARGE_RSS_BOUND_MIB,
+        "the relay's peak RSS was {peak} MiB after {OUTAGE_TRIES} tries of a 16 MiB window"
+    );
+    nats.restart().await;
+    let js = nats.jetstream().await;
+    assert_published_once_in_order(&relay, &t, &js, &ids).await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
 /// A nats-server with the ledger stream and the WAL tests' duplicate
 /// window: a republished event shows up as a second copy once it has
 /// passed.
