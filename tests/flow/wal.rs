@@ -343,9 +343,11 @@ pub(crate) async fn slot_holder(t: &TestDb) -> Option<i32> {
 /// The server's WAL position now: a relay that recorded a position at or
 /// past it has recorded every window committed before.
 pub(crate) async fn wal_position(t: &TestDb) -> i64 {
+    // The insert position: the write position lags it on the suite's
+    // server (`synchronous_commit = off`), before a commit just returned.
     crate::support::pg_count(
         &t.db,
-        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint",
     )
     .await
 }

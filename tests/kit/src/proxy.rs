@@ -2,7 +2,8 @@
 //! purpose: all of it (an outage), once the server has answered a
 //! forwarded `COMMIT`, swallowing the answer (a commit whose outcome the
 //! client never learns), or instead of forwarding a `COMMIT` (a commit
-//! that never happened, and the client never learns that either).
+//! that never happened, and the client never learns that either). It also
+//! counts what clients send (any TCP protocol: NATS too).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,6 +32,9 @@ struct State {
     /// While set, what is not forwarded on replication connections, which
     /// stay open: a peer gone silent, not one that hung up.
     frozen: watch::Sender<Frozen>,
+    /// Bytes whose occurrences in what clients send are counted, and the
+    /// count.
+    counted: std::sync::Mutex<Option<(&'static [u8], usize)>>,
 }
 
 /// What a replication connection does not forward, while set.
@@ -60,6 +64,7 @@ impl Proxy {
             hold: std::sync::Mutex::new(None),
             held: watch::channel(false).0,
             frozen: watch::channel(Frozen::Nothing).0,
+            counted: std::sync::Mutex::new(None),
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -138,6 +143,18 @@ impl Proxy {
         self.state.frozen.send_replace(Frozen::Nothing);
     }
 
+    /// Counts from now on the occurrences of `pattern` in what clients
+    /// send to the server (see [`Proxy::sent`]).
+    pub fn count_sent(&self, pattern: &'static [u8]) {
+        *self.state.counted.lock().unwrap() = Some((pattern, 0));
+    }
+
+    /// How often the pattern [`Proxy::count_sent`] names was forwarded to
+    /// the server since (within one read of a connection, or across two).
+    pub fn sent(&self) -> usize {
+        self.state.counted.lock().unwrap().map_or(0, |(_, n)| n)
+    }
+
     /// How many `COMMIT`s were cut, before or after the server had them.
     pub fn commits_dropped(&self) -> usize {
         self.state.commits_dropped.load(Ordering::SeqCst)
@@ -188,6 +205,8 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     };
     let to_server = async {
         let mut buf = vec![0u8; 64 * 1024];
+        // The end of the last read, for a pattern split between two.
+        let mut tail = Vec::new();
         loop {
             thawed(false).await;
             let n = match client_read.read(&mut buf).await {
@@ -201,6 +220,7 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
                 return;
             }
+            count_sent(&state, &mut tail, &buf[..n]);
             hold_if_armed(&state, &buf[..n]).await;
             if is_commit(&buf[..n]) && state.drop_next_commit.swap(false, Ordering::SeqCst) {
                 state.commits_dropped.fetch_add(1, Ordering::SeqCst);
@@ -232,6 +252,20 @@ async fn pump(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
         () = to_client => {}
         _ = up.wait_for(|up| !*up) => {}
     }
+}
+
+/// Counts the occurrences of the counted pattern in `tail` (the end of
+/// the connection's last read, shorter than the pattern) and `bytes`, and
+/// keeps the new tail.
+fn count_sent(state: &State, tail: &mut Vec<u8>, bytes: &[u8]) {
+    let mut counted = state.counted.lock().unwrap();
+    let Some((pattern, n)) = counted.as_mut() else {
+        return;
+    };
+    tail.extend_from_slice(bytes);
+    *n += tail.windows(pattern.len()).filter(|w| w == pattern).count();
+    let keep = tail.len().min(pattern.len() - 1);
+    tail.drain(..tail.len() - keep);
 }
 
 /// Waits for [`Proxy::release`] when `bytes` hold the statement armed by

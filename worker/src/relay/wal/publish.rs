@@ -122,7 +122,7 @@ impl WalRelay {
                 // `Outage`), so the slot moves on.
                 return self.rows(events, Vec::new());
             }
-            if !crate::relay::connected(&self.js) && !cancel.is_cancelled() {
+            if !events.is_empty() && !crate::relay::connected(&self.js) && !cancel.is_cancelled() {
                 // Not sent into the client's buffer (see
                 // `crate::relay::connected`): waited out, or handed over.
                 if self.outage.lasted_past(self.config.handoff_after) {
