@@ -457,8 +457,9 @@ const LARGE_ROW: usize = 900 << 10;
 
 /// Rows of 900 KiB: a round takes at most
 /// `service::relay::store::BATCH_BYTES` of them (500 would be 440 MiB in
-/// the relay's memory), and the next round is due at once, so a relay that
-/// polls once an hour still publishes all 40 without waiting.
+/// the relay's memory) and says it was cut, so the next round is due at
+/// once (`RelayReport::more_waiting`, unit-tested in the worker); rounds
+/// publish all 40.
 async fn large_rows_go_in_batches_bounded_in_bytes_back_to_back(backend: Backend) {
     let (t, _nats, js) = with_ledger_stream(backend).await;
     let txn = t.db.begin().await.unwrap();
@@ -476,20 +477,17 @@ async fn large_rows_go_in_batches_bounded_in_bytes_back_to_back(backend: Backend
     let relay = Relay::new(
         t.db.clone(),
         js,
-        RelayConfig {
-            poll_interval: Duration::from_secs(3600),
-            ..RelayConfig::default()
-        },
+        RelayConfig::default(),
         Arc::new(Notify::new()),
     );
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn({
-        let cancel = cancel.clone();
-        async move { relay.run(cancel).await }
-    });
-    wait_drained(&t.db, Duration::from_secs(120)).await;
-    cancel.cancel();
-    running.await.unwrap();
+    let first = relay.relay_once().await.unwrap();
+    assert_eq!((first.claimed, first.cut), (18, true));
+    assert!(first.more_waiting(RelayConfig::default().batch_size));
+    wait_until("every row published", Duration::from_secs(120), || async {
+        relay.relay_once().await.unwrap();
+        worker::relay::pending_count(&t.db).await.unwrap() == 0
+    })
+    .await;
 }
 on_backends!(large_rows_go_in_batches_bounded_in_bytes_back_to_back: sqlite, postgres, mysql);
 

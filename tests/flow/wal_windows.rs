@@ -110,8 +110,8 @@ fn peak_rss_mib(pid: u32) -> u64 {
 const LARGE_EVENTS: usize = 6144;
 const LARGE_EVENT: usize = 64 << 10;
 /// What the relay may take while relaying it: the process itself (about
-/// 60 MiB in a debug build), three windows of 16 MiB, 16 MiB read ahead,
-/// 16 buffered replication messages and a window's publishes in the NATS
+/// 60 MiB in a debug build), three windows of 16 MiB, 8 MiB read ahead,
+/// 8 buffered replication messages and a window's publishes in the NATS
 /// client, with room for the allocator; well below the transaction
 /// (measured 150-164 MiB; 441 MiB without pieces).
 const LARGE_RSS_BOUND_MIB: u64 = 256;
@@ -169,7 +169,7 @@ const SLOT_EVENT: usize = 1020 << 10;
 /// hands the windows to the table past `WAL_HANDOFF_MS` (3 s;
 /// `SEAWALL_TEST_SLOT_HANDOFF_MS` sets it), reading the whole slot through. Its peak memory stays within [`LARGE_RSS_BOUND_MIB`]:
 /// each call is written as messages of 1 MiB and the read-ahead is bounded
-/// in bytes. Without the split, 16 buffered messages are 512 MiB; with 256
+/// in bytes. Without the split, 8 buffered messages are 256 MiB; with 256
 /// buffered messages of 1 MiB, as before, 256 MiB on their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slot_of_megabyte_events_waits_in_bounded_memory_while_nats_is_down() {
@@ -284,6 +284,46 @@ async fn a_window_waiting_out_an_outage_sends_nothing_into_the_disconnected_clie
     // Everything the relay sent went through the proxy before its PubAcks.
     assert_eq!(proxy.sent(), ids.len(), "each event sent once");
     assert_published_once_in_order(&relay, &t, &js, &ids).await;
+    assert!(relay.terminate().await.success(), "{}", relay.log_text());
+    relay.assert_no_panic();
+    drop_slot(&t);
+}
+
+/// NATS down, with a row of key `k` waiting in the table: a window whose
+/// events all queue behind it goes to the table at once, as it would with
+/// NATS up; only a window with something to publish waits for NATS (here
+/// for an hour, the hand-over's delay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_behind_a_held_key_go_to_the_table_while_nats_is_down() {
+    let (t, mut nats, _js) = with_ledger_stream(Backend::Postgres).await;
+    let env = wal_env(&t, &nats.url(), &[("SEAWALL_WAL_HANDOFF_MS", "3600000")]);
+    let mut relay = Seawall::spawn(&["relay"], &env);
+    until_held(&relay, &t, Duration::from_secs(60)).await;
+    nats.stop();
+    // As a window handed over earlier leaves it.
+    let head = service::wal::WalEvent {
+        message_id: "head".into(),
+        subject: RECORDED_SUBJECT.into(),
+        ordering_key: Some("k".into()),
+        headers: std::collections::BTreeMap::new(),
+        payload: b"{}".to_vec().into(),
+        causation_id: None,
+        causation_consumer: None,
+        correlation_id: None,
+        created_at: chrono::Utc::now(),
+    };
+    outbox_message::Entity::insert(service::outbox::row_of(head).unwrap())
+        .exec(&t.db)
+        .await
+        .unwrap();
+    commit_events(&t.db, vec![recorded("behind", Some("k"))]).await;
+    until(
+        &relay,
+        "the event queued behind its key in the table",
+        Duration::from_secs(60),
+        || async { pending_rows(&t.db).await == 2 },
+    )
+    .await;
     assert!(relay.terminate().await.success(), "{}", relay.log_text());
     relay.assert_no_panic();
     drop_slot(&t);

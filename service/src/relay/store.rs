@@ -96,7 +96,8 @@ fn candidates(
     let size = match backend {
         DbBackend::Postgres => "octet_length(payload)::int8",
         DbBackend::MySql => "CAST(LENGTH(payload) AS SIGNED)",
-        _ => "length(payload)",
+        // A blob's bytes even for a value written by hand as text.
+        _ => "length(CAST(payload AS BLOB))",
     };
     publishable(now, limit)
         .select_only()
@@ -150,6 +151,9 @@ pub async fn lock(txn: &DatabaseTransaction, limit: u64) -> Result<Taken, DbErr>
     let (fitting, cut) = fit(locked);
     let ids = keep_key_prefixes(txn, fitting).await?;
     let rows = whole(txn, ids, None).await?;
+    // A cut batch that kept nothing (its rows wait behind another relay's
+    // rows of their keys) is no reason to come straight back.
+    let cut = cut && !rows.is_empty();
     Ok(Taken { rows, cut })
 }
 
@@ -192,10 +196,7 @@ pub async fn claim(
     let ids = keep_key_prefixes(&txn, fitting).await?;
     if ids.is_empty() {
         txn.commit().await?;
-        return Ok(Taken {
-            rows: Vec::new(),
-            cut,
-        });
+        return Ok(Taken::default());
     }
     outbox_message::Entity::update_many()
         .col_expr(Column::LockedBy, Expr::value(me))

@@ -105,6 +105,16 @@ pub struct RelayReport {
     pub cut: bool,
 }
 
+impl RelayReport {
+    /// Whether the next round is due at once rather than after the poll
+    /// interval: the batch was full, or cut short by its bytes, so more
+    /// rows are likely waiting.
+    #[must_use]
+    pub fn more_waiting(&self, batch_size: u64) -> bool {
+        self.cut || self.claimed as u64 >= batch_size
+    }
+}
+
 /// Errors that stop a relay round (publish failures are per row, not errors).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -173,6 +183,9 @@ impl Relay {
             // Waits for NATS: see `connected`. No row is taken, so none
             // spends an attempt on the outage.
             tracing::debug!("NATS is unreachable: the relay round takes no rows");
+            // Still a round that reached the database, as the heartbeat it
+            // counts for says.
+            self.db.ping().await?;
             return Ok(RelayReport::default());
         }
         let owner = format!("{}#{round}", self.config.instance);
@@ -357,7 +370,7 @@ impl Relay {
                     if report.claimed > 0 {
                         tracing::debug!(?report, "relay round");
                     }
-                    report.cut || report.claimed as u64 >= self.config.batch_size
+                    report.more_waiting(self.config.batch_size)
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "relay round failed; retrying after the poll interval");
@@ -556,4 +569,22 @@ pub(crate) async fn dispatch(
         span,
         started,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RelayReport;
+
+    #[test]
+    fn a_full_or_cut_batch_makes_the_next_round_due_at_once() {
+        let report = |claimed, cut| RelayReport {
+            claimed,
+            cut,
+            ..RelayReport::default()
+        };
+        assert!(report(500, false).more_waiting(500));
+        assert!(report(18, true).more_waiting(500));
+        assert!(!report(18, false).more_waiting(500));
+        assert!(!report(0, false).more_waiting(500));
+    }
 }

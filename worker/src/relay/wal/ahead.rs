@@ -78,7 +78,8 @@ async fn pump(
 ) {
     let budget = Arc::new(Semaphore::new(AHEAD_BYTES));
     loop {
-        // Both receives and the acquire are cancel-safe.
+        // The receives (the stream's while it streams) and the acquire are
+        // cancel-safe.
         let read = tokio::select! {
             biased;
             () = stop.cancelled() => break,
@@ -117,6 +118,10 @@ async fn pump(
         {
             break;
         }
+    }
+    // Positions sent back before the end are confirmed too.
+    while let Ok(lsn) = confirms.try_recv() {
+        client.update_applied_lsn(lsn);
     }
     client.stop();
 }

@@ -122,16 +122,21 @@ impl WalRelay {
                 // `Outage`), so the slot moves on.
                 return self.rows(events, Vec::new());
             }
-            if !events.is_empty() && !crate::relay::connected(&self.js) && !cancel.is_cancelled() {
+            let held = service::wal::relay::held_keys(&self.db, &events).await?;
+            if !crate::relay::connected(&self.js)
+                && !cancel.is_cancelled()
+                && events.iter().any(|e| !queues(e, &held))
+            {
                 // Not sent into the client's buffer (see
                 // `crate::relay::connected`): waited out, or handed over.
+                // A session fenced off meanwhile learns it here.
+                fence.check(self).await?;
                 if self.outage.lasted_past(self.config.handoff_after) {
                     return self.rows(events, Vec::new());
                 }
                 self.wait_for_nats(&mut attempt, cancel).await;
                 continue;
             }
-            let held = service::wal::relay::held_keys(&self.db, &events).await?;
             let (mut left, chains) = split(events, &held);
             let mut refused = Vec::new();
             let (chains, fenced) = self.publish_chains(chains, fence, cancel).await;
@@ -317,6 +322,14 @@ impl WalRelay {
     }
 }
 
+/// Whether `event` must queue in the table behind a row of its key.
+fn queues(event: &WalEvent, held: &HashSet<String>) -> bool {
+    event
+        .ordering_key
+        .as_ref()
+        .is_some_and(|k| held.contains(k))
+}
+
 /// Splits `events` into those that must queue in the table behind a held
 /// key, and chains to publish: one per ordering key (in order), one per
 /// key-less event.
@@ -325,8 +338,11 @@ fn split(events: Vec<WalEvent>, held: &HashSet<String>) -> (Vec<WalEvent>, Vec<V
     let mut keyed: BTreeMap<String, Vec<WalEvent>> = BTreeMap::new();
     let mut chains = Vec::new();
     for event in events {
+        if queues(&event, held) {
+            queued.push(event);
+            continue;
+        }
         match event.ordering_key.clone() {
-            Some(key) if held.contains(&key) => queued.push(event),
             Some(key) => keyed.entry(key).or_default().push(event),
             None => chains.push(vec![event]),
         }
