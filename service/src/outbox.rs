@@ -286,7 +286,8 @@ impl Outbox {
     /// Records many events in `txn`, in the order given, which is also their
     /// publishing order per ordering key: with multi-row inserts (one round
     /// trip per [`ROWS_PER_INSERT`] events, or [`BYTES_PER_INSERT`], rather
-    /// than one per event), or in
+    /// than one per event; in a group-commit batch, one for the whole
+    /// batch before it commits), or in
     /// WAL mode as one logical message (several of about
     /// [`wal::MESSAGE_BYTES`] each when the events are larger).
     ///
@@ -328,6 +329,11 @@ impl Outbox {
             .into_iter()
             .map(row_of)
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(batch) = crate::group::deferring(txn) {
+            // Written with the batch's other units' rows before it commits.
+            batch.defer(rows);
+            return Ok(());
+        }
         if txn.get_database_backend() == DbBackend::Postgres
             && let Some(slot) = wal::mode::table_mode_guard(txn).await?
         {

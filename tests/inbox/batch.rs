@@ -20,6 +20,7 @@ use crate::support::{Backend, TestDb, connect, entry_envelope};
 use service::group::Group;
 use service::{Ctx, Envelope, Executor, Handle, HandlerError, Inbox, InboxErrorKind, Outcome};
 
+mod outbox;
 mod units;
 
 /// What a message of the batch does after the ledger's writes.

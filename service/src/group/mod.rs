@@ -47,6 +47,13 @@
 //!   deadlock, lock timeout or statement timeout rolls back to its
 //!   savepoint, which PostgreSQL confines the error to; the batch goes on
 //!   and that unit alone runs again, through the executor, after it.
+//! - **One outbox insert per batch.** In table mode the events a batch's
+//!   units record on its transaction are written in one multi-row insert
+//!   (per 4 MiB of payloads) just before its `COMMIT`, with one table-mode
+//!   guard, instead of one round trip or two per unit (`deferred`). A unit
+//!   rolled back to its savepoint takes its events back out; an insert
+//!   that fails fails the batch, and its units run alone. A handler does
+//!   not find its own events in `outbox_message` before the commit.
 //! - **A transaction that vanished is noticed.** Before `COMMIT` the batch
 //!   releases its first unit's savepoint, which fails once the transaction
 //!   was rolled back whole behind a handler that swallowed the error (an
@@ -83,7 +90,11 @@ use chrono::Utc;
 use futures::FutureExt;
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr};
 
+mod deferred;
 mod seat;
+
+use deferred::Deferred;
+pub(crate) use deferred::deferring;
 
 use seat::{Fate, Seat, ended};
 use tokio::sync::{Mutex, watch};
@@ -188,6 +199,8 @@ struct Batch {
     backend: sea_orm::DbBackend,
     /// Whether the first unit sets the isolation level ([`PG_READ_COMMITTED`]).
     sets_level: bool,
+    /// The outbox rows its units recorded, written before its `COMMIT`.
+    deferred: Arc<Deferred>,
 }
 
 impl Group {
@@ -319,7 +332,14 @@ impl Batch {
         let units = self.units;
         let committed = if self.fate.begin_commit() {
             let markers = if self.markers { self.processed } else { 0 };
-            match commit(self.txn, self.backend, self.units, markers).await {
+            match commit(
+                self.txn,
+                self.backend,
+                (self.units, markers),
+                &self.deferred,
+            )
+            .await
+            {
                 Ok(()) => true,
                 Err(err) => {
                     tracing::warn!(units, error = %err, "an inbox batch did not commit; its messages run again one by one");
@@ -340,8 +360,9 @@ impl Batch {
     }
 }
 
-/// Proves the transaction is still the one the batch's units ran in, adds
-/// the batch's `markers` to the minute's count and commits.
+/// Proves the transaction is still the one the batch's units ran in,
+/// writes the outbox rows its units deferred, adds the batch's `markers`
+/// to the minute's count and commits.
 ///
 /// The proof is a `RELEASE` of the first unit's savepoint (which a
 /// `ROLLBACK TO` keeps): it fails once the transaction is gone or
@@ -363,8 +384,8 @@ impl Batch {
 async fn commit(
     txn: DatabaseTransaction,
     backend: sea_orm::DbBackend,
-    units: usize,
-    markers: u64,
+    (units, markers): (usize, u64),
+    deferred: &Deferred,
 ) -> Result<(), DbErr> {
     let proof = match backend {
         sea_orm::DbBackend::Postgres => {
@@ -374,6 +395,7 @@ async fn commit(
         _ => format!("RELEASE SAVEPOINT {}", unit_savepoint(1)),
     };
     txn.execute_unprepared(&proof).await?;
+    deferred.write(&txn).await?;
     rollup::add(&txn, Tally::Processed, Utc::now(), markers).await?;
     txn.commit().await
 }

@@ -152,6 +152,7 @@ impl Seat {
                 backend,
                 sets_level: backend == sea_orm::DbBackend::Postgres
                     && options.isolation_level.is_none(),
+                deferred: Arc::default(),
             });
         }
         let fate = open.as_ref().expect("opened above").fate.clone();
@@ -178,7 +179,15 @@ impl Seat {
         batch.units += 1;
         let end = batch.end.subscribe();
         let savepoint = batch.savepoint(batch.units);
-        let (result, recovered) = in_savepoint(&batch.txn, unit, &savepoint).await;
+        let mark = batch.deferred.len();
+        let (result, recovered) = batch
+            .deferred
+            .scope(&batch.txn, in_savepoint(&batch.txn, unit, &savepoint))
+            .await;
+        if result.is_err() {
+            // Rolled back to its savepoint: its events with it.
+            batch.deferred.truncate(mark);
+        }
         match &result {
             Ok(_) => batch.processed += 1,
             // A deadlock or a timeout on PostgreSQL ends at the savepoint:
